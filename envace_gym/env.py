@@ -1,0 +1,252 @@
+"""``RehearsalEnv``: the policy as its own environment, behind Gymnasium's ``reset``/``step``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from .domains import Domain, Task, make_domain
+from .episode import Episode, EpisodeConfig, GenerationRequest
+from .errors import EnvACEError
+from .parsing import DEFAULT_LIMITS, Limits
+from .policy import Generation, Policy, SamplingParams, make_policy
+from .simulator import RehearsalConfig
+from .spaces import ActText, AnyText
+
+DEFAULT_DOMAIN = "bank"
+MAX_OBSERVATION_CHARS = 1_000_000
+
+
+def fulfil(policy: Policy, requests: list[GenerationRequest]) -> list[Generation]:
+    """Generate every request, batching those that share sampling parameters into one call."""
+    out: list[Generation | None] = [None] * len(requests)
+    groups: dict[SamplingParams, list[int]] = {}
+    for i, request in enumerate(requests):
+        groups.setdefault(request.params, []).append(i)
+    for params, indices in groups.items():
+        for i, gen in zip(indices, policy.generate([requests[i].prompt_ids for i in indices], params), strict=True):
+            out[i] = gen
+    return out  # type: ignore[return-value]
+
+
+class RehearsalEnv(gym.Env[str, str]):
+    """
+    ## Description
+
+    World rehearsal (EnvACE): an agent solves a tool-use task, and the **same policy** that writes its
+    Act turns plays the environment: every tool call is validated against the domain's JSON Schemas, then
+    answered by the policy in the Rehearse role (a fresh prompt per call with the task's reference
+    executions as privileged context), by the domain's real executor, or by the reference results,
+    depending on ``executor``. The agent continues on whatever came back.
+
+    ## Action Space
+
+    :class:`~envace_gym.spaces.ActText`: the Act turn as the model wrote it, any text. Tool calls are
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (a JSON list inside one block is
+    allowed; ``"parameters"`` is an alias of ``"arguments"``). Text without a block is a final answer.
+
+    ## Observation Space
+
+    :class:`~envace_gym.spaces.AnyText`: the next Act prompt, rendered by the policy's chat template with
+    the task's tools (a string ready to tokenize). ``info["messages"]`` holds the same conversation as
+    OpenAI-style messages.
+
+    ## Rewards
+
+    0 on every step but the last. At the end, the domain's reward over the trajectory (a checklist in
+    [0, 1]; see each domain). A malformed or invalid call, or a rehearsed ``error_tool_call``, ends the
+    episode with reward 0 when ``on_invalid="terminate"``. A verifier that cannot judge gives 0 with
+    ``info["reward_masked"] = True``.
+
+    ## Starting State
+
+    A task from ``options={"task": ...}`` (an id such as ``"bank/042"`` or a :class:`Task`), else one drawn
+    from the split with ``self.np_random``. The conversation starts with the domain's system prompt and
+    the task's first user message.
+
+    ## Episode End
+
+    Terminated: a final answer when no scripted user turn is left, or (``on_invalid="terminate"``) an
+    invalid call. Truncated: ``max_turns`` Act turns, ``max_user_turns`` user turns, or the next prompt
+    not fitting the policy's context.
+
+    ## Info
+
+    Per step: ``tool_calls`` (parsed), ``calls`` (each call's ``route`` — ``real``, ``cache`` or
+    ``rehearsal`` — result and typed ``error``), ``rehearsals`` (each rehearsal's ``prompt_ids``,
+    ``completion_ids``, ``logprobs``, text and verdict, to train the Rehearse role), ``act`` (the Act
+    turn's ids: generated ones with log-probs after :meth:`act`, else the tokenized action), ``error``,
+    ``messages``; at the end ``reward_checks``, ``success`` and ``reward_masked``.
+
+    ## Arguments
+
+    ```python
+    gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=None, executor="rehearsal")
+    ```
+
+    * ``domain``: a registered name (``"units"``, ``"bank"``, ``"travel"``, ...), a folder, or a Domain.
+    * ``policy``: ``None`` (the embedded SmolLM2-135M), ``"tiny"``, a path or hub id, a
+      ``(model, tokenizer)`` pair, or any :class:`~envace_gym.policy.Policy`. Loaded at the first reset.
+    * ``executor``: ``"rehearsal"`` | ``"real"`` | ``"cached"`` | ``"mixed"`` (with ``p_real``).
+    * ``split``: ``"train"`` or ``"test"`` tasks.
+    * ``on_invalid``: ``"terminate"`` or ``"feedback"``.
+    * ``max_turns``, ``max_user_turns``: episode limits.
+    * ``act_sampling``: :class:`SamplingParams` of :meth:`act` (its ``max_new_tokens`` is also reserved
+      in the context guard).
+    * ``rehearsal``: :class:`RehearsalConfig` of the Rehearse role.
+    * ``limits``: :class:`Limits` on Act turns and JSON.
+    * ``domain_kwargs``: passed to the domain factory (e.g. ``{"num_tasks": {"train": 50}}``).
+    * ``render_mode``: ``"ansi"`` (returns the conversation) or ``"human"`` (prints it).
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(
+        self,
+        domain: str | Domain = DEFAULT_DOMAIN,
+        policy: Any = None,
+        executor: str = "rehearsal",
+        *,
+        split: str = "train",
+        on_invalid: str = "terminate",
+        p_real: float = 0.5,
+        max_turns: int | None = None,
+        max_user_turns: int = 30,
+        act_sampling: SamplingParams | None = None,
+        rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
+        limits: Limits | None = None,
+        domain_kwargs: Mapping[str, Any] | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.domain = make_domain(domain, **dict(domain_kwargs or {}))
+        if rehearsal is not None and not isinstance(rehearsal, RehearsalConfig):
+            rehearsal = RehearsalConfig(**rehearsal)
+        self.config = EpisodeConfig(
+            executor=executor,
+            p_real=p_real,
+            on_invalid=on_invalid,
+            max_turns=max_turns,
+            max_user_turns=max_user_turns,
+            rehearsal=rehearsal or RehearsalConfig(),
+            limits=limits or DEFAULT_LIMITS,
+        )
+        self.split = split
+        self.act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
+        self.render_mode = render_mode
+        self._policy_spec = policy
+        self._policy: Policy | None = None
+        self.action_space = ActText(self.config.limits.max_action_chars, tuple(self.domain.tools.names))
+        self.observation_space = AnyText(MAX_OBSERVATION_CHARS)
+        self._episode: Episode | None = None
+        self._last_observation = ""
+        self._act_generation: Generation | None = None
+
+    # -- policy ---------------------------------------------------------------------------------------
+    @property
+    def policy(self) -> Policy:
+        """The policy that rehearses (built from ``policy=`` on first use)."""
+        if self._policy is None:
+            self._policy = make_policy(self._policy_spec)
+        return self._policy
+
+    @property
+    def episode(self) -> Episode:
+        if self._episode is None:
+            raise EnvACEError("call reset() before step()")
+        return self._episode
+
+    # -- Gymnasium API --------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task = self._resolve_task((options or {}).get("task"))
+        policy = self.policy
+        self._episode = Episode(
+            self.domain,
+            task,
+            self.config,
+            policy.tokenizer,
+            self.np_random,
+            max_context=policy.max_context,
+            act_max_new_tokens=self.act_sampling.max_new_tokens,
+        )
+        self._act_generation = None
+        self._last_observation = self._episode.observation()
+        info = self._episode.base_info()
+        info["task"] = task.to_dict()
+        if self.render_mode == "human":
+            self.render()
+        return self._last_observation, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        episode = self.episode
+        act = self._act_ids(action)
+        steps = episode.step(action)
+        try:
+            requests = next(steps)
+            while True:
+                requests = steps.send(fulfil(self.policy, requests))
+        except StopIteration as stop:
+            outcome = stop.value
+        outcome.info["act"] = act
+        self._last_observation = outcome.observation
+        if self.render_mode == "human":
+            self.render()
+        return outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
+
+    def render(self) -> str | None:
+        if self._episode is None:
+            return None
+        lines = [f"=== {self._episode.task.id} (turn {self._episode.turn}) ==="]
+        for m in self._episode.messages:
+            label = m["role"] if m["role"] != "tool" else f"tool {m.get('name', '')}"
+            lines.append(f"[{label}] {m['content']}")
+        text = "\n".join(lines)
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    # -- acting with the env's own policy -------------------------------------------------------------
+    def act(self, params: SamplingParams | None = None) -> str:
+        """Generate the next Act turn with the env's policy from the current observation.
+
+        Passing the returned text to :meth:`step` puts the generated ids and log-probs in ``info["act"]``.
+        """
+        prompt = tuple(self.episode.encode(self._last_observation))
+        params = params or self.act_sampling
+        if params.seed is None:
+            params = params.with_seed(int(self.np_random.integers(2**31)))
+        self._act_generation = self.policy.generate([prompt], params)[0]
+        return self._act_generation.text
+
+    def _act_ids(self, action: str) -> dict[str, Any]:
+        gen, self._act_generation = self._act_generation, None
+        if gen is not None and gen.text == action:
+            return {
+                "prompt_ids": list(gen.prompt_ids),
+                "completion_ids": list(gen.completion_ids),
+                "logprobs": list(gen.logprobs),
+                "generated": True,
+            }
+        episode = self.episode
+        eos = getattr(self.policy, "stop_ids", None) or [self.policy.tokenizer.eos_token_id]
+        completion = episode.encode(action) if isinstance(action, str) else []
+        return {
+            "prompt_ids": episode.encode(self._last_observation),
+            "completion_ids": completion + [eos[0]],
+            "logprobs": None,
+            "generated": False,
+        }
+
+    def _resolve_task(self, task: Task | str | None) -> Task:
+        if isinstance(task, Task):
+            return task
+        if isinstance(task, str):
+            return self.domain.task(task, self.split)
+        if task is not None:
+            raise EnvACEError(f"options['task'] must be a task id or a Task, got {type(task).__name__}")
+        return self.domain.sample_task(self.np_random, self.split)

@@ -1,0 +1,298 @@
+"""The policy: one model that writes both the Act turns and the rehearsed tool responses.
+
+:class:`Policy` is the small protocol the environment needs: batched generation from token ids,
+returning completion ids and per-token log-probabilities. :class:`TransformersPolicy` implements it
+over any causal LM from ``transformers``; :func:`make_policy` builds one from whatever a user passes
+(``None`` for the embedded default, a path or hub id, a ``(model, tokenizer)`` pair, or a Policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+
+from .errors import PolicyError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch.
+
+    Attributes:
+        max_new_tokens: Most tokens to generate per prompt.
+        temperature: Sampling temperature; ``0`` means greedy decoding.
+        top_p: Nucleus sampling mass (``1.0`` disables it).
+        top_k: Keep the ``k`` most likely tokens (``0`` disables it).
+        seed: Seeds the sampler for this batch, making it reproducible; ``None`` uses torch's global RNG.
+        stop: Strings that end a completion (kept, as the last tokens), besides the end-of-turn token.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def with_seed(self, seed: int | None) -> SamplingParams:
+        return replace(self, seed=seed)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion.
+
+    ``logprobs[i]`` is the log-probability of ``completion_ids[i]`` under the policy at the sampling
+    temperature (``log_softmax(logits / T)``, the quantity a PPO-style trainer recomputes; top-p/top-k
+    truncation is not folded in). ``finish_reason`` is ``"stop"`` when an end-of-turn token was
+    produced (it is kept as the last id) and ``"length"`` when ``max_new_tokens`` ran out.
+    """
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: Literal["stop", "length"]
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the environment needs from a model.
+
+    Attributes:
+        tokenizer: Renders chats (its chat template must accept ``tools=``) and decodes completions.
+        max_context: Longest prompt + completion, in tokens, the model accepts.
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    max_context: int
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """One completion per prompt, in order."""
+        ...
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Records log p(chosen token) step by step, holding a single step's distribution at a time.
+
+    ``generate`` calls processors before its sampling warpers, so the scores seen here are the raw
+    logits; the chosen token of step t is the last column of ``input_ids`` at step t+1.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.steps: list[torch.Tensor] = []
+        self._pending: torch.Tensor | None = None
+
+    def _gather(self, chosen: torch.Tensor) -> None:
+        assert self._pending is not None
+        self.steps.append(self._pending.gather(1, chosen[:, None]).squeeze(1))
+        self._pending = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._pending is not None:
+            self._gather(input_ids[:, -1])
+        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        if self._pending is not None:
+            self._gather(last_tokens)
+        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(last_tokens.shape[0], 0)
+
+
+class _StopStrings(StoppingCriteria):
+    """Ends a row once its recent text contains a stop string, and remembers at which step.
+
+    ``generate`` pads finished rows (often with the EOS id), so the recorded step, not the ids, says
+    where a row that stopped on a string really ended.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], prompt_length: int) -> None:
+        self.tokenizer, self.stops, self.start = tokenizer, list(stops), prompt_length
+        self.window = max(len(s) for s in stops) + 2  # every token holds at least one character
+        self.ended: dict[int, int] = {}
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        steps = input_ids.shape[1] - self.start
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for row in range(input_ids.shape[0]):
+            if row in self.ended:
+                done[row] = True
+                continue
+            tail = self.tokenizer.decode(input_ids[row, max(self.start, input_ids.shape[1] - self.window) :])
+            if any(stop in tail for stop in self.stops):
+                self.ended[row] = steps
+                done[row] = True
+        return done
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: Any = None) -> list[int]:
+    """End-of-turn ids: the tokenizer's EOS, ChatML's ``<|im_end|>``, and the model's own EOS ids."""
+    ids: list[int] = []
+    candidates: list[Any] = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    if model is not None and getattr(model, "generation_config", None) is not None:
+        eos = model.generation_config.eos_token_id
+        candidates += eos if isinstance(eos, list) else [eos]
+    for tid in candidates:
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id and tid not in ids:
+            ids.append(tid)
+    return ids
+
+
+class TransformersPolicy:
+    """A :class:`Policy` over a ``transformers`` causal LM.
+
+    Args:
+        model: A causal LM (``AutoModelForCausalLM``); it is used as is: the same object is trained.
+        tokenizer: Its tokenizer, with a chat template that accepts ``tools=``.
+        max_batch_size: Prompts per ``generate`` call; longer lists are split.
+        max_context: Token budget per sequence; defaults to the model's ``max_position_embeddings``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_batch_size: int = 32,
+        max_context: int | None = None,
+    ) -> None:
+        if tokenizer.chat_template is None:
+            raise PolicyError("the tokenizer has no chat_template; set one that accepts tools= (e.g. Qwen2.5's)")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 4096))
+        self.stop_ids = stop_token_ids(tokenizer, model)
+        if not self.stop_ids:
+            raise PolicyError("the tokenizer defines no end-of-turn token (eos_token or <|im_end|>)")
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.stop_ids[0]
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, **kwargs: Any) -> TransformersPolicy:
+        """Load a model and tokenizer from a local path or a hub id (which needs network access)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path)
+        except OSError as exc:
+            raise PolicyError(f"cannot load model {name_or_path!r}: {exc}") from exc
+        return cls(model, tokenizer, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        if params.max_new_tokens < 1:
+            raise PolicyError("max_new_tokens must be at least 1")
+        out: list[Generation] = []
+        for start in range(0, len(prompts), self.max_batch_size):
+            out += self._generate_batch(prompts[start : start + self.max_batch_size], params)
+        return out
+
+    @torch.inference_mode()
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        if not prompts:
+            return []
+        longest = max(len(p) for p in prompts)
+        if longest == 0:
+            raise PolicyError("cannot generate from an empty prompt")
+        if longest + params.max_new_tokens > self.max_context:
+            raise PolicyError(
+                f"prompt of {longest} tokens + {params.max_new_tokens} new tokens exceeds the context of {self.max_context}"
+            )
+        device = self.device
+        input_ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), longest), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding: every row ends where generation starts
+            input_ids[row, longest - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+            attention[row, longest - len(prompt) :] = 1
+        greedy = params.temperature <= 0
+        config = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else params.temperature,
+            top_p=None if greedy or params.top_p >= 1.0 else params.top_p,
+            top_k=None if greedy or params.top_k <= 0 else params.top_k,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+        )
+        recorder = _LogprobRecorder(params.temperature)
+        stopper = _StopStrings(self.tokenizer, params.stop, longest) if params.stop else None
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            result = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                generation_config=config,
+                logits_processor=LogitsProcessorList([recorder]),
+                stopping_criteria=StoppingCriteriaList([stopper] if stopper else []),
+            )
+        new_tokens = result.sequences[:, longest:].cpu()
+        logprobs = recorder.finish(result.sequences[:, -1]).cpu()
+        stops = set(self.stop_ids)
+        gens: list[Generation] = []
+        for row, prompt in enumerate(prompts):
+            ids = new_tokens[row].tolist()
+            ends = [i + 1 for i, t in enumerate(ids) if t in stops][:1]
+            if stopper is not None and row in stopper.ended:
+                ends.append(stopper.ended[row])
+            end = min(ends) if ends else None
+            ids = ids if end is None else ids[:end]
+            gens.append(
+                Generation(
+                    prompt_ids=tuple(int(t) for t in prompt),
+                    completion_ids=tuple(ids),
+                    logprobs=tuple(float(x) for x in logprobs[row, : len(ids)].tolist()),
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    finish_reason="stop" if end is not None else "length",
+                )
+            )
+        return gens
+
+
+def make_policy(spec: Any = None, tokenizer: PreTrainedTokenizerBase | None = None) -> Policy:
+    """Build a :class:`Policy` from what a user passes as ``policy=``.
+
+    Accepts ``None`` or ``"default"`` (the embedded SmolLM2-135M), ``"tiny"`` (a random in-process
+    test model), a local path or hub id, a ``(model, tokenizer)`` pair, a model plus ``tokenizer=``,
+    or an object that already satisfies :class:`Policy`.
+    """
+    if spec is None or spec == "default":
+        from .models import load_default_policy
+
+        return load_default_policy()
+    if isinstance(spec, str):
+        if spec == "tiny":
+            from .testing import tiny_policy
+
+            return tiny_policy()
+        return TransformersPolicy.from_pretrained(spec)
+    if isinstance(spec, tuple) and len(spec) == 2:
+        return TransformersPolicy(spec[0], spec[1])
+    if isinstance(spec, Policy):
+        return spec
+    if tokenizer is not None and hasattr(spec, "generate"):
+        return TransformersPolicy(spec, tokenizer)
+    raise PolicyError(
+        f"cannot make a policy from {type(spec).__name__}; pass None, 'default', 'tiny', a path, "
+        "a (model, tokenizer) pair or an object with .tokenizer, .max_context and .generate()"
+    )

@@ -1,0 +1,18 @@
+"""Built-in domains (installed as ``envace_gym.envs``). Each folder is one domain, documented like a
+Gymnasium environment; they are registered here, lazily, by name."""
+
+from __future__ import annotations
+
+BUILTIN_DOMAINS = {
+    "units": "envace_gym.envs.units:UnitsDomain",
+    "bank": "envace_gym.envs.bank:BankDomain",
+    "travel": "envace_gym.envs.travel:TravelDomain",
+}
+
+
+def register_builtin_domains() -> None:
+    from envace_gym.domains import list_domains, register_domain
+
+    for name, factory in BUILTIN_DOMAINS.items():
+        if name not in list_domains():
+            register_domain(name, factory)

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import io
+
+from envace_gym.cli import main
+from envace_gym.demo import run_demo
+
+
+def test_domains_lists_the_builtins(capsys):
+    assert main(["domains"]) == 0
+    out = capsys.readouterr().out
+    for name in ("units", "bank", "travel"):
+        assert name in out
+    assert "1000 train, 200 test" in out
+
+
+def test_demo_shows_rehearsed_next_to_real():
+    out = io.StringIO()
+    stats = run_demo("bank", episodes=2, policy="tiny", max_new_tokens=8, out=out)
+    text = out.getvalue()
+    assert stats.episodes == 2 and stats.rehearsals >= 2
+    assert text.count("rehearsed:") == stats.rehearsals == text.count("real:")
+    assert "mean reward" in text
+
+
+def test_demo_with_the_policy_acting():
+    out = io.StringIO()
+    stats = run_demo("units", episodes=1, act="policy", policy="tiny", max_new_tokens=8, out=out)
+    assert stats.episodes == 1 and "act:" in out.getvalue()
+
+
+def test_errors_are_reported_not_raised(capsys):
+    assert main(["demo", "--domain", "no-such-domain", "--model", "tiny", "--episodes", "1"]) == 2
+    assert "unknown domain" in capsys.readouterr().err

@@ -1,0 +1,216 @@
+from __future__ import annotations
+
+import json
+import textwrap
+
+import gymnasium as gym
+import pytest
+
+import envace_gym  # noqa: F401  (registers the ids)
+from envace_gym import (
+    Domain,
+    DomainError,
+    RewardResult,
+    TaskNotFoundError,
+    ToolCall,
+    ToolExecutor,
+    ToolFailure,
+    list_domains,
+    make_domain,
+    register_domain,
+    tool,
+)
+from envace_gym.parsing import canonical_json
+from envace_gym.testing import ScriptedPolicy
+
+BUILTIN = ("units", "bank", "travel")
+
+
+def key(task) -> str:
+    return canonical_json([task.prompt, task.user_turns, task.initial_state])
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_tasks_are_deterministic_and_splits_disjoint(name):
+    a, b = make_domain(name), make_domain(name)
+    assert [t.to_dict() for t in a.tasks("train")[:20]] == [t.to_dict() for t in b.tasks("train")[:20]]
+    train = {key(t) for t in a.tasks("train")[:300]}
+    test = {key(t) for t in a.tasks("test")}
+    assert len(test) == len(a.tasks("test")) == 200
+    assert not train & test
+    assert all(t.split == "test" and t.id.startswith(f"{name}/test/") for t in a.tasks("test")[:10])
+    other_seed = make_domain(name, seed=1).tasks("train")[0]
+    assert key(other_seed) != key(a.tasks("train")[0])
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_reference_calls_are_valid_and_their_results_real(name):
+    domain = make_domain(name)
+    for task in domain.tasks("train")[:25]:
+        assert set(task.tools) <= set(domain.tools.names)
+        executor = domain.make_executor(task)
+        for call, result in task.reference_pairs():
+            assert domain.tools.validate(call, task.tools).ok, (task.id, call)
+            assert executor.execute(call) == result, task.id  # replaying the reference reproduces its results
+        assert task.reference[-1].calls == ()  # every reference ends with an answer
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_reference_replay_with_the_real_executor_earns_full_reward(name):
+    env = gym.make("EnvACE-Rehearsal-v0", domain=name, policy=ScriptedPolicy([]), executor="real")
+    for index in range(8):
+        env.reset(options={"task": f"{name}/{index:03d}"})
+        task = env.unwrapped.episode.task
+        for turn in task.reference:
+            obs, reward, terminated, truncated, info = env.step(turn.text)
+        assert terminated and not truncated and reward == 1.0 and info["success"], (task.id, info["reward_checks"])
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_a_corrupted_trajectory_earns_less(name):
+    env = gym.make("EnvACE-Rehearsal-v0", domain=name, policy=ScriptedPolicy([]), executor="real")
+    env.reset(options={"task": f"{name}/001"})
+    task = env.unwrapped.episode.task
+    for turn in task.reference:
+        if turn.calls:  # change the first argument of every call
+            call = turn.calls[0]
+            first = next(iter(call.arguments))
+            value = call.arguments[first]
+            wrong = (
+                value + 1
+                if isinstance(value, float)
+                else ("Nobody" if first in ("owner", "passenger_name") else "LIS" if value != "LIS" else "VIE")
+                if isinstance(value, str)
+                else value
+            )
+            text = ToolCall(call.name, {**call.arguments, first: wrong}).to_text()
+        else:
+            text = "Done."
+        obs, reward, terminated, truncated, info = env.step(text)
+        if terminated or truncated:
+            break
+    assert reward < 1.0 and not info["success"]
+
+
+def test_executor_state_is_isolated_per_episode():
+    domain = make_domain("bank")
+    task = domain.tasks("train")[0]
+    before = canonical_json(task.initial_state)
+    one, two = domain.make_executor(task), domain.make_executor(task)
+    call = next(c for c, _ in task.reference_pairs() if c.name == "transfer")
+    one.execute(call)
+    assert canonical_json(two.snapshot()) == before == canonical_json(task.initial_state)
+    assert canonical_json(one.snapshot()) != before
+
+
+def test_tool_failure_is_a_normal_response_and_dispatch_is_by_table():
+    domain = make_domain("bank")
+    executor = domain.make_executor(domain.tasks("train")[0])
+    assert executor.execute(ToolCall("get_balance", {"account_id": "ACC-0"})) == {"error": "no account ACC-0"}
+    with pytest.raises(KeyError):
+        executor.execute(ToolCall("_account", {"account_id": "x"}))  # a private helper is not a tool
+    assert sorted(type(executor).tool_functions) == sorted(domain.tools.names)
+
+
+def test_task_lookup():
+    domain = make_domain("units")
+    assert domain.task("units/007").id == "units/train/007"
+    assert domain.task("units/007", split="test").id == "units/test/007"
+    assert domain.task("units/test/003") is domain.tasks("test")[3]
+    with pytest.raises(TaskNotFoundError):
+        domain.task("units/train/99999")
+
+
+def test_registry_of_domain_names():
+    assert set(BUILTIN) <= set(list_domains())
+    with pytest.raises(DomainError, match="already registered"):
+        register_domain("bank", Domain)
+    with pytest.raises(DomainError, match="unknown domain"):
+        make_domain("no-such-domain")
+
+
+def test_checklist_reward():
+    r = RewardResult.from_checks({"a": True, "b": False}, {"a": 3.0})
+    assert r.score == 0.75 and not r.success
+    assert RewardResult.from_checks({}).score is None
+
+
+class CounterTools(ToolExecutor):
+    @tool(returns={"type": "object", "properties": {"value": {"type": "integer"}}, "required": ["value"]})
+    def increment(self, by: int) -> dict:
+        """Add to the counter.
+
+        Args:
+            by: How much to add.
+        """
+        if by < 0:
+            raise ToolFailure("only forward")
+        self.state["value"] = self.state.get("value", 0) + by
+        return {"value": self.state["value"]}
+
+
+def write_folder(tmp_path, with_executor: bool = True):
+    folder = tmp_path / "counter"
+    folder.mkdir()
+    (folder / "domain.json").write_text(json.dumps({"name": "counter", "description": "count", "max_turns": 3}))
+    (folder / "tools.json").write_text(json.dumps([t.to_openai() for t in CounterTools.tool_schemas()]))
+    task = {
+        "id": "counter/1",
+        "prompt": "Add 2.",
+        "split": "train",
+        "reference": [
+            {"calls": [{"name": "increment", "arguments": {"by": 2}}], "results": [{"value": 2}]},
+            {"content": "It is 2."},
+        ],
+        "initial_state": {"value": 0},
+        "expected": {"state": {"value": 2}, "answer_numbers": [2]},
+    }
+    (folder / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    if with_executor:
+        (folder / "executor.py").write_text(
+            textwrap.dedent(
+                """
+                from envace_gym import ToolExecutor, tool
+
+                class Executor(ToolExecutor):
+                    @tool
+                    def increment(self, by: int) -> dict:
+                        '''Add to the counter.
+
+                        Args:
+                            by: How much to add.
+                        '''
+                        self.state["value"] += by
+                        return {"value": self.state["value"]}
+                """
+            )
+        )
+    return folder
+
+
+def test_folder_domain_plays_in_real_mode(tmp_path):
+    folder = write_folder(tmp_path)
+    domain = make_domain(str(folder))
+    assert domain.name == "counter" and domain.tools["increment"].returns is not None
+    env = gym.make("EnvACE-Rehearsal-v0", domain=str(folder), policy=ScriptedPolicy([]), executor="real")
+    env.reset(options={"task": "counter/1"})
+    env.step(ToolCall("increment", {"by": 2}).to_text())
+    *_, reward, terminated, _, info = env.step("It is 2.")
+    assert terminated and reward == 1.0
+
+
+def test_folder_domain_without_executor_refuses_real_mode(tmp_path):
+    folder = write_folder(tmp_path, with_executor=False)
+    env = gym.make("EnvACE-Rehearsal-v0", domain=str(folder), policy=ScriptedPolicy([]), executor="real")
+    with pytest.raises(DomainError, match="no real executor"):
+        env.reset()
+
+
+def test_malformed_folder_is_a_domain_error(tmp_path):
+    folder = write_folder(tmp_path)
+    (folder / "tasks.jsonl").write_text('{"id": "x"}\n')
+    with pytest.raises(DomainError, match="tasks.jsonl:1"):
+        make_domain(folder)
+    (folder / "tools.json").write_text("not json")
+    with pytest.raises(DomainError, match="cannot read"):
+        make_domain(folder)

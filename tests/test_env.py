@@ -1,0 +1,307 @@
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import envace_gym  # noqa: F401
+from envace_gym import (
+    EnvACEError,
+    GeneratedDomain,
+    RehearsalConfig,
+    RehearsalEnv,
+    SamplingParams,
+    Task,
+    TaskNotFoundError,
+    ToolCall,
+    ToolExecutor,
+    make_domain,
+    tool,
+)
+from envace_gym.parsing import RESULT_CLOSE
+from envace_gym.testing import ScriptedPolicy, oracle_policy
+
+
+def make(domain="bank", policy=None, **kwargs):
+    return gym.make("EnvACE-Rehearsal-v0", domain=domain, policy=policy, **kwargs)
+
+
+def play_reference(env, task_id):
+    env.reset(options={"task": task_id})
+    task = env.unwrapped.episode.task
+    steps = []
+    for turn in task.reference:
+        steps.append(env.step(turn.text))
+        if steps[-1][2] or steps[-1][3]:
+            break
+    return task, steps
+
+
+def test_registered_ids_make_the_env(tiny):
+    assert isinstance(gym.make("envace_gym:EnvACE-Rehearsal-v0", policy=tiny).unwrapped, RehearsalEnv)
+    env = make("units", tiny)
+    assert env.unwrapped.domain.name == "units" and env.spec.id == "EnvACE-Rehearsal-v0"
+
+
+def test_check_env_passes(tiny):
+    env = make("bank", tiny, rehearsal=RehearsalConfig(max_new_tokens=8))
+    check_env(env.unwrapped)
+
+
+def test_random_actions_get_typed_errors(tiny):
+    env = make("bank", tiny, rehearsal=RehearsalConfig(max_new_tokens=8), on_invalid="feedback")
+    env.reset(seed=0)
+    env.unwrapped.action_space.seed(0)
+    codes = set()
+    for _ in range(40):
+        action = env.unwrapped.action_space.sample()
+        assert env.unwrapped.action_space.contains(action)
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert info["error"] is not None, action
+        codes.add(info["error"]["code"])
+        if terminated or truncated:
+            env.reset()
+    assert {"INVALID_TOOL_CALL_FORMAT", "TOOL_NOT_AVAILABLE"} <= codes
+
+
+def test_spaces_admit_any_text(tiny):
+    env = make("units", tiny)
+    for text in ["", "plain", '{"json": [1, 2]}', "unicode é 中 😀 \x00 \u202e"]:
+        assert env.observation_space.contains(text) and env.action_space.contains(text)
+    assert not env.action_space.contains(b"bytes")
+    assert not env.action_space.contains("x" * (env.unwrapped.config.limits.max_action_chars + 1))
+
+
+def test_reset_seeded_draw_and_explicit_tasks(tiny):
+    env = make("units", tiny)
+    obs_a, info_a = env.reset(seed=5)
+    obs_b, info_b = env.reset(seed=5)
+    assert obs_a == obs_b and info_a["task_id"] == info_b["task_id"]
+    assert env.reset(options={"task": "units/003"})[1]["task_id"] == "units/train/003"
+    test_env = make("units", tiny, split="test")
+    assert test_env.reset(options={"task": "units/003"})[1]["task_id"] == "units/test/003"
+    task = make_domain("units").tasks("test")[1]
+    assert env.reset(options={"task": task})[1]["task_id"] == task.id
+    with pytest.raises(TaskNotFoundError):
+        env.reset(options={"task": "units/train/5000"})
+    with pytest.raises(EnvACEError, match="task id or a Task"):
+        env.reset(options={"task": 3})
+
+
+def test_observation_and_messages(tiny):
+    env = make("bank", tiny, executor="real")
+    obs, info = env.reset(options={"task": "bank/000"})
+    assert obs.endswith("<|im_start|>assistant\n") and '"name": "transfer"' in obs
+    assert '"name": "list_transactions"' not in obs  # not on this task's whitelist
+    task = env.unwrapped.episode.task
+    obs, reward, terminated, truncated, info = env.step(task.reference[0].text)
+    assistant, tool_msg = info["messages"][-2:]
+    assert assistant["role"] == "assistant" and assistant["content"] == task.reference[0].text
+    assert assistant["tool_calls"][0]["function"]["name"] == "find_accounts"
+    assert tool_msg["role"] == "tool" and tool_msg["tool_call_id"] == assistant["tool_calls"][0]["id"]
+    assert json.loads(tool_msg["content"]) == task.reference[0].results[0]
+    assert "<tool_response>" in obs and task.reference[0].text in obs  # the raw Act text, token-faithful
+    assert info["calls"][0]["route"] == "real"
+
+
+def test_rehearsal_mode_with_a_perfect_simulator_earns_full_reward():
+    domain = make_domain("bank")
+    task = domain.tasks("train")[2]
+    oracle = oracle_policy(domain, task)
+    env = make("bank", oracle)
+    _, steps = play_reference(env, task.id)
+    obs, reward, terminated, truncated, info = steps[-1]
+    assert terminated and reward == 1.0 and info["success"]
+    first = steps[0][4]
+    (rehearsal,) = first["rehearsals"]
+    assert rehearsal["accepted"] and first["calls"][0]["route"] == "rehearsal"
+    assert len(rehearsal["completion_ids"]) == len(rehearsal["logprobs"]) > 0 and rehearsal["prompt_ids"]
+    prompt = oracle.prompts[0]
+    assert "precise tool simulator" in prompt and "Reference executions" in prompt
+    assert task.reference[0].text in prompt  # the agent's raw latest turn
+    assert json.dumps(task.reference[0].results[0]) in prompt  # privileged ground truth
+
+
+def test_a_broken_rehearsal_terminates_with_zero_or_feeds_back(tiny):
+    env = make("units", tiny, rehearsal=RehearsalConfig(max_new_tokens=6))
+    task, steps = play_reference(env, "units/000")
+    obs, reward, terminated, truncated, info = steps[0]
+    assert terminated and reward == 0.0 and info["error"]["code"] == "INVALID_REHEARSAL"
+    assert info["rehearsals"][0]["accepted"] is False
+    with pytest.raises(EnvACEError, match="episode is over"):
+        env.step("more")
+    env = make("units", tiny, rehearsal=RehearsalConfig(max_new_tokens=6), on_invalid="feedback")
+    task, steps = play_reference(env, "units/000")
+    assert not steps[0][2] and "error_tool_call" in steps[0][4]["messages"][-1]["content"]
+    obs, reward, terminated, truncated, info = steps[-1]
+    # the agent's valid call still counts for the reward: the failure was the simulator's
+    assert terminated and info["reward_checks"] == {"calls": True, "answer_numbers": True}
+
+
+@pytest.mark.parametrize(
+    "action, code",
+    [
+        ('<tool_call>{"name": "transfer"</tool_call>', "INVALID_TOOL_CALL_FORMAT"),
+        (ToolCall("list_transactions", {"account_id": "ACC-1"}).to_text(), "TOOL_NOT_AVAILABLE"),
+        (
+            ToolCall("transfer", {"from_account": "A", "to_account": "B", "amount": "10"}).to_text(),
+            "INVALID_PARAMETERS",
+        ),
+    ],
+)
+def test_invalid_calls(action, code):
+    env = make("bank", ScriptedPolicy([]))
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert terminated and reward == 0.0 and info["error"]["code"] == code and info["rehearsals"] == []
+    env = make("bank", ScriptedPolicy([]), on_invalid="feedback")
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert not terminated and info["error"]["code"] == code
+    assert json.loads(info["messages"][-1]["content"])["error_tool_call"]["code"] == code
+
+
+def test_one_invalid_call_in_a_turn_stops_the_valid_ones_too():
+    env = make("bank", ScriptedPolicy([]), executor="real")
+    env.reset(options={"task": "bank/000"})
+    good = ToolCall("get_balance", {"account_id": "ACC-1"}).to_text()
+    bad = ToolCall("get_balance", {}).to_text()
+    obs, reward, terminated, truncated, info = env.step(good + bad)
+    assert terminated and [c["route"] for c in info["calls"]] == []
+    assert all(not r.validated for r in env.unwrapped.episode.records)
+
+
+def test_cached_mode_answers_reference_calls_from_ground_truth():
+    env = make("bank", ScriptedPolicy(lambda p: '{"from": "policy"}\n' + RESULT_CLOSE), executor="cached")
+    env.reset(options={"task": "bank/000"})
+    task = env.unwrapped.episode.task
+    *_, info = env.step(task.reference[0].text)
+    assert info["calls"][0]["route"] == "cache" and info["calls"][0]["result"] == task.reference[0].results[0]
+    *_, info = env.step(ToolCall("get_balance", {"account_id": "ACC-0000"}).to_text())
+    assert info["calls"][0]["route"] == "rehearsal" and info["calls"][0]["result"] == {"from": "policy"}
+
+
+def test_mixed_mode_routes_by_p_real_from_the_env_rng():
+    policy = ScriptedPolicy(lambda p: '{"rehearsed": true}\n' + RESULT_CLOSE)
+    call = ToolCall("find_accounts", {"owner": "Nobody"}).to_text()
+
+    def routes(p_real, seed):
+        env = make("bank", policy, executor="mixed", p_real=p_real, max_turns=30)
+        env.reset(seed=seed)
+        return [env.step(call)[4]["calls"][0]["route"] for _ in range(20)]
+
+    assert set(routes(1.0, 0)) == {"real"} and set(routes(0.0, 0)) == {"rehearsal"}
+    mixed = routes(0.5, 1)
+    assert {"real", "rehearsal"} == set(mixed) and mixed == routes(0.5, 1)
+
+
+def test_scripted_user_turns_and_the_multi_turn_reward():
+    env = make("travel", ScriptedPolicy([]), executor="real")
+    task, steps = play_reference(env, "travel/004")
+    user_turns = [m["content"] for m in steps[-1][4]["messages"] if m["role"] == "user"]
+    assert user_turns == [task.prompt, *task.user_turns]
+    assert not steps[0][2]  # the first final answer is followed by the next user turn
+    assert steps[-1][1] == 1.0 and steps[-1][2]
+
+
+def test_truncation_at_max_turns():
+    env = make("bank", ScriptedPolicy([]), executor="real", max_turns=3)
+    env.reset(seed=0)
+    call = ToolCall("find_accounts", {"owner": "Nobody"}).to_text()
+    results = [env.step(call) for _ in range(3)]
+    assert [r[3] for r in results] == [False, False, True] and results[-1][4]["truncation"] == "max_turns"
+    assert results[-1][4]["reward_checks"]["state"] is True  # nothing changed the ledger...
+    assert results[-1][1] == 0.5  # ...but no answer was given
+
+
+def test_context_guard_truncates(tiny):
+    small = type(tiny)(tiny.model, tiny.tokenizer, max_context=1150)
+    env = make("bank", small, executor="real", act_sampling=SamplingParams(max_new_tokens=64))
+    env.reset(options={"task": "bank/000"})
+    task = env.unwrapped.episode.task
+    infos = [env.step(turn.text)[4] for turn in task.reference[:1]]
+    assert infos[-1]["truncation"] == "context"
+
+
+def test_returns_schema_failures_are_resampled():
+    answers = iter(['{"val": 1}\n' + RESULT_CLOSE, '{"value": 3}\n' + RESULT_CLOSE])
+    policy = ScriptedPolicy(lambda p: next(answers))
+    env = make(CounterDomain(), policy, rehearsal=RehearsalConfig(returns_resamples=1))
+    env.reset(seed=0)
+    *_, info = env.step(ToolCall("increment", {"by": 3}).to_text())
+    assert [r["accepted"] for r in info["rehearsals"]] == [False, True]
+    assert info["rehearsals"][0]["error"]["code"] == "RESULT_SCHEMA_MISMATCH"
+    assert info["calls"][0]["result"] == {"value": 3}
+
+
+def test_an_executor_crash_is_a_typed_error():
+    env = make(CounterDomain(), ScriptedPolicy([]), executor="real", on_invalid="feedback")
+    env.reset(seed=0)
+    *_, info = env.step(ToolCall("increment", {"by": 13}).to_text())
+    assert info["error"]["code"] == "EXECUTION_ERROR" and "ZeroDivisionError" in info["error"]["message"]
+
+
+def test_act_records_generated_ids_and_logprobs(tiny):
+    env = make(
+        "units", tiny, rehearsal=RehearsalConfig(max_new_tokens=4), act_sampling=SamplingParams(max_new_tokens=8)
+    )
+    obs, _ = env.reset(seed=0)
+    text = env.unwrapped.act()
+    *_, info = env.step(text)
+    act = info["act"]
+    assert act["generated"] and len(act["completion_ids"]) == len(act["logprobs"])
+    assert act["prompt_ids"] == tiny.tokenizer(obs, add_special_tokens=False)["input_ids"]
+    env.reset(seed=0)
+    *_, info = env.step("A final answer.")
+    act = info["act"]
+    assert not act["generated"] and act["logprobs"] is None
+    assert env.unwrapped.policy.tokenizer.decode(act["completion_ids"], skip_special_tokens=True) == "A final answer."
+
+
+def test_render_ansi(tiny):
+    env = make("units", tiny, render_mode="ansi")
+    env.reset(seed=0)
+    text = env.render()
+    assert text.startswith("=== units/") and "[user]" in text
+
+
+def test_bad_arguments_are_refused_early(tiny):
+    with pytest.raises(ValueError, match="executor must be one of"):
+        make("bank", tiny, executor="imaginary")
+    with pytest.raises(ValueError, match="on_invalid"):
+        make("bank", tiny, on_invalid="ignore")
+    with pytest.raises(ValueError, match="p_real"):
+        make("bank", tiny, p_real=2.0)
+    with pytest.raises(ValueError, match="render_mode"):
+        RehearsalEnv("bank", tiny, render_mode="rgb_array")
+
+
+# -- a tiny custom domain used above ----------------------------------------------------------------
+class CounterTools(ToolExecutor):
+    @tool(returns={"type": "object", "properties": {"value": {"type": "integer"}}, "required": ["value"]})
+    def increment(self, by: int) -> dict:
+        """Add to the counter.
+
+        Args:
+            by: How much to add.
+        """
+        if by == 13:
+            return {"value": 1 // 0}  # a bug in the executor
+        self.state["value"] = self.state.get("value", 0) + by
+        return {"value": self.state["value"]}
+
+
+class CounterDomain(GeneratedDomain):
+    name = "counter"
+    executor_class = CounterTools
+    num_tasks = {"train": 5, "test": 5}
+    test_fraction = 0.5
+
+    def sample_params(self, rng: np.random.Generator):
+        return {"by": int(rng.integers(1, 100))}
+
+    def build_task(self, params, task_id, split):
+        return Task(task_id, self.name, f"Add {params['by']}.", split, expected={"state": {"value": params["by"]}})

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from envace_gym import PolicyError, SamplingParams, TransformersPolicy, make_policy
+from envace_gym.policy import Policy
+from envace_gym.testing import ScriptedPolicy, tiny_model
+
+
+def prompts(tokenizer):
+    chats = [
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "Move 5 USD to savings."}],
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "Hi"}],
+    ]
+    return [
+        tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False) for c in chats
+    ]
+
+
+def test_generate_shapes_and_seeded_reproducibility(tiny):
+    ps = prompts(tiny.tokenizer)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
+    first = tiny.generate(ps, params)
+    assert [g.prompt_ids for g in first] == [tuple(p) for p in ps]
+    for g in first:
+        assert len(g.completion_ids) == len(g.logprobs) and 1 <= len(g.completion_ids) <= 12
+        assert all(lp <= 0 for lp in g.logprobs)
+        assert g.finish_reason in ("stop", "length")
+    assert tiny.generate(ps, params) == first
+    assert tiny.generate(ps, params.with_seed(8)) != first
+
+
+def test_logprobs_match_a_fresh_forward_pass(tiny):
+    for temperature in (1.0, 0.7, 0.0):
+        params = SamplingParams(max_new_tokens=10, temperature=temperature, seed=3)
+        for g in tiny.generate(prompts(tiny.tokenizer), params):
+            ids = torch.tensor([list(g.prompt_ids) + list(g.completion_ids)])
+            with torch.no_grad():
+                logits = tiny.model(ids).logits[0, len(g.prompt_ids) - 1 : -1].float()
+            scale = temperature if temperature > 0 else 1.0
+            expected = (
+                torch.log_softmax(logits / scale, -1).gather(1, torch.tensor(g.completion_ids)[:, None]).squeeze(1)
+            )
+            assert torch.allclose(expected, torch.tensor(g.logprobs), atol=1e-4), temperature
+
+
+def test_batched_greedy_equals_one_by_one(tiny):
+    ps = prompts(tiny.tokenizer)
+    params = SamplingParams(max_new_tokens=10, temperature=0)
+    batched = tiny.generate(ps, params)
+    single = [tiny.generate([p], params)[0] for p in ps]
+    for b, s in zip(batched, single, strict=True):
+        assert b.completion_ids == s.completion_ids
+        assert max(abs(x - y) for x, y in zip(b.logprobs, s.logprobs, strict=True)) < 1e-4
+
+
+def test_stop_strings_end_the_completion_at_their_first_occurrence(tiny):
+    tok = tiny.tokenizer
+    gens = tiny.generate(prompts(tok), SamplingParams(max_new_tokens=40, temperature=1.0, seed=0, stop=("e",)))
+    stopped = [g for g in gens if g.finish_reason == "stop" and "e" in g.text]
+    assert stopped, "the random tiny model should write an 'e' within 40 tokens"
+    for g in stopped:
+        assert "e" not in tok.decode(list(g.completion_ids[:-1]))
+        assert len(g.logprobs) == len(g.completion_ids)
+
+
+def test_bounds_are_checked(tiny):
+    with pytest.raises(PolicyError, match="exceeds the context"):
+        tiny.generate([[1] * 10], SamplingParams(max_new_tokens=tiny.max_context))
+    with pytest.raises(PolicyError, match="at least 1"):
+        tiny.generate([[1]], SamplingParams(max_new_tokens=0))
+    with pytest.raises(PolicyError, match="empty prompt"):
+        tiny.generate([[]], SamplingParams(max_new_tokens=2))
+
+
+def test_make_policy_accepts_the_documented_forms(tiny):
+    assert make_policy(tiny) is tiny
+    pair = make_policy((tiny.model, tiny.tokenizer))
+    assert isinstance(pair, TransformersPolicy) and pair.model is tiny.model
+    assert isinstance(make_policy(tiny.model, tokenizer=tiny.tokenizer), TransformersPolicy)
+    assert isinstance(make_policy("tiny"), TransformersPolicy)
+    assert isinstance(ScriptedPolicy(["x"]), Policy)
+    with pytest.raises(PolicyError, match="cannot make a policy"):
+        make_policy(42)
+    with pytest.raises(PolicyError, match="cannot load model"):
+        make_policy("/nonexistent/model/path")
+
+
+def test_tokenizer_without_chat_template_is_refused(tiny):
+    import copy
+
+    tok = copy.deepcopy(tiny.tokenizer)
+    tok.chat_template = None
+    with pytest.raises(PolicyError, match="chat_template"):
+        TransformersPolicy(tiny_model(tok), tok)
+
+
+def test_scripted_policy_cuts_at_the_token_budget(tokenizer):
+    policy = ScriptedPolicy(["a rather long answer that will not fit"], tokenizer)
+    (gen,) = policy.generate([[1]], SamplingParams(max_new_tokens=3))
+    assert gen.finish_reason == "length" and len(gen.completion_ids) == 3
+    assert gen.text == tokenizer.decode(list(gen.completion_ids))
