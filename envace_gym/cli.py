@@ -19,6 +19,7 @@ def _demo(args: argparse.Namespace) -> int:
         on_invalid=args.on_invalid,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
+        rehearsal_mode=args.rehearsal_mode,
     )
     return 0
 
@@ -58,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--max-new-tokens", type=int, default=96, help="token budget per generation (default: 96)")
     demo.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
+    demo.add_argument(
+        "--rehearsal-mode", choices=["separate", "inline"], default="separate",
+        help="separate: a fresh simulator prompt per call (the paper's, default); inline: the policy continues its own chat",
+    )  # fmt: skip
     demo.set_defaults(func=_demo)
 
     domains = sub.add_parser("domains", help="list the registered domains")

@@ -1,9 +1,10 @@
 """``envace demo``: watch the policy rehearse a domain's tools, next to what the real tools say.
 
-Each episode runs in ``executor="rehearsal"`` mode: the policy answers every tool call. A shadow real
-executor, which the agent never sees, answers the same calls, so each rehearsed response is printed
-beside the real one. Act turns come from the task's reference solution (``--act reference``, the default:
-every call is a valid one, so what you watch is the Rehearse role) or from the policy (``--act policy``).
+Episodes are played by the rollout collector in ``executor="rehearsal"`` mode: the policy answers every
+tool call. Afterwards a shadow real executor, which the agent never saw, answers the same calls in the same
+order, so each rehearsed response is printed beside the real one. Act turns come from the task's reference
+solution (``--act reference``, the default: every call is a valid one, so what you watch is the Rehearse
+role) or from the policy (``--act policy``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tqdm.auto import tqdm
+import numpy as np
 
-from .env import RehearsalEnv
+from .domains import make_domain
 from .parsing import canonical_json
 from .policy import Policy, SamplingParams, make_policy
+from .rollout import collect_rollouts
 from .simulator import RehearsalConfig
 from .tools import ToolCall
 
@@ -45,62 +47,68 @@ def run_demo(
     on_invalid: str = "feedback",
     max_new_tokens: int = 96,
     temperature: float = 0.0,
+    rehearsal_mode: str = "separate",
     out: Any = None,
 ) -> DemoStats:
-    """Run the demo; returns counts so callers (and tests) can check what happened."""
-    write = out.write if out is not None else tqdm.write
+    """Run the demo and print it (to ``out`` if given); returns counts so callers can check what happened."""
+    write = out.write if out is not None else (lambda line: print(line, end=""))
     model = make_policy(policy)
-    env = RehearsalEnv(
-        domain,
-        policy=model,
+    dom = make_domain(domain)
+    rng = np.random.default_rng(seed)
+    tasks = [dom.sample_task(rng) for _ in range(episodes)]
+    name = getattr(getattr(model, "model", None), "name_or_path", "") or type(model).__name__
+    write(f"envace demo: the policy ({name}) rehearses the tools of {domain!r} ({rehearsal_mode} mode); ")
+    write(
+        f"Act turns from the {act}.\n'real' is what the domain's executor answers for the same call (never shown to the agent).\n"
+    )
+    batch = collect_rollouts(
+        model,
+        dom,
+        tasks,
+        act=act,
         executor="rehearsal",
-        on_invalid=on_invalid,
-        rehearsal=RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature),
+        rehearsal_mode=rehearsal_mode,
         act_sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+        rehearsal=RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature),
+        on_invalid=on_invalid,
+        seed=seed,
+        progress=out is None,
     )
     stats = DemoStats()
-    name = getattr(getattr(model, "model", None), "name_or_path", "") or type(model).__name__
-    write(f"envace demo: the policy ({name}) rehearses the tools of {domain!r}; Act turns from the {act}.")
-    write("Rehearsed responses are the policy's; 'real' is what the domain's executor answers (never shown to it).")
-    for k in tqdm(range(episodes), desc="episodes", unit="ep", disable=out is not None):
-        obs, info = env.reset(seed=seed + k)
-        task = env.episode.task
-        shadow = env.domain.make_executor(task)
-        write(f"\n[{k + 1}/{episodes}] {task.id}: {task.prompt}")
-        reference = iter(task.reference)
-        done, reward = False, 0.0
-        while not done:
-            if act == "policy":
-                action = env.act()
-            else:
-                turn = next(reference, None)
-                action = turn.text if turn is not None else "I am done."
-            obs, reward, terminated, truncated, info = env.step(action)
-            done = terminated or truncated
-            write(f"  act: {_short(action)}")
-            for record in info["calls"]:
+    for k, (task, episode) in enumerate(zip(tasks, batch.episodes, strict=True)):
+        write(f"\n[{k + 1}/{episodes}] {task.id}: {task.prompt}\n")
+        shadow = dom.make_executor(task)
+        records = {c["id"]: c for c in episode.calls if c["id"] is not None}
+        for message in episode.messages[2:]:
+            if message["role"] == "assistant":
+                write(f"  act: {_short(message['content'])}\n")
+            elif message["role"] == "user":
+                write(f"  user: {_short(message['content'])}\n")
+            elif message["role"] == "tool" and message.get("tool_call_id") in records:
+                record = records[message["tool_call_id"]]
+                real = (
+                    shadow.execute(ToolCall(record["name"], record["arguments"]))
+                    if shadow and record["validated"]
+                    else None
+                )
                 if record["route"] != "rehearsal":
                     continue
-                call = ToolCall(record["name"], record["arguments"])
-                real = shadow.execute(call) if shadow is not None else None
-                rehearsed = (
-                    record["result"]
-                    if record["error"] is None
-                    else f"{record['error']['code']}: {record['error']['message']}"
-                )
+                error = record["error"]
+                shown = record["result"] if error is None else f"{error['code']}: {error['message']}"
+                same = error is None and canonical_json(record["result"]) == canonical_json(real)
                 stats.rehearsals += 1
-                stats.parsed += record["error"] is None
-                same = record["error"] is None and canonical_json(record["result"]) == canonical_json(real)
+                stats.parsed += error is None
                 stats.equal_to_real += same
-                write(f"    rehearsed: {_short(rehearsed)}")
-                write(f"    real:      {_short(real)}   {'(equal)' if same else ''}")
-            if info.get("error") and not info["calls"]:
-                write(f"    error: {info['error']['code']}: {_short(info['error']['message'])}")
+                write(f"    rehearsed: {_short(shown)}\n")
+                write(f"    real:      {_short(real)}{'   (equal)' if same else ''}\n")
+            elif message["role"] == "tool":
+                write(f"    error: {_short(message['content'])}\n")
         stats.episodes += 1
-        stats.reward_sum += reward
-        write(f"  reward {reward:.2f}  checks {info.get('reward_checks')}")
+        stats.reward_sum += episode.reward or 0.0
+        write(f"  reward {episode.reward if episode.reward is not None else 'masked'}  checks {episode.checks}\n")
     write(
         f"\n{stats.episodes} episodes, {stats.rehearsals} rehearsed calls: {stats.parsed} well-formed, "
-        f"{stats.equal_to_real} equal to the real response; mean reward {stats.reward_sum / max(1, stats.episodes):.2f}"
+        f"{stats.equal_to_real} equal to the real response; mean reward {stats.reward_sum / max(1, stats.episodes):.2f} "
+        f"({batch.stats['seconds']:.1f} s)\n"
     )
     return stats

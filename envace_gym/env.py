@@ -8,7 +8,8 @@ from typing import Any
 import gymnasium as gym
 
 from .domains import Domain, Task, make_domain
-from .episode import Episode, EpisodeConfig, GenerationRequest
+from .batching import generate_batched, open_session, run_lockstep
+from .episode import Episode, EpisodeConfig
 from .errors import EnvACEError
 from .parsing import DEFAULT_LIMITS, Limits
 from .policy import Generation, Policy, SamplingParams, make_policy
@@ -17,18 +18,6 @@ from .spaces import ActText, AnyText
 
 DEFAULT_DOMAIN = "bank"
 MAX_OBSERVATION_CHARS = 1_000_000
-
-
-def fulfil(policy: Policy, requests: list[GenerationRequest]) -> list[Generation]:
-    """Generate every request, batching those that share sampling parameters into one call."""
-    out: list[Generation | None] = [None] * len(requests)
-    groups: dict[SamplingParams, list[int]] = {}
-    for i, request in enumerate(requests):
-        groups.setdefault(request.params, []).append(i)
-    for params, indices in groups.items():
-        for i, gen in zip(indices, policy.generate([requests[i].prompt_ids for i in indices], params), strict=True):
-            out[i] = gen
-    return out  # type: ignore[return-value]
 
 
 class RehearsalEnv(gym.Env[str, str]):
@@ -90,6 +79,8 @@ class RehearsalEnv(gym.Env[str, str]):
     * ``policy``: ``None`` (the embedded SmolLM2-135M), ``"tiny"``, a path or hub id, a
       ``(model, tokenizer)`` pair, or any :class:`~envace_gym.policy.Policy`. Loaded at the first reset.
     * ``executor``: ``"rehearsal"`` | ``"real"`` | ``"cached"`` | ``"mixed"`` (with ``p_real``).
+    * ``rehearsal_mode``: ``"separate"`` (a fresh prompt per call with privileged reference results, the
+      paper's) or ``"inline"`` (the policy writes the tool turn as a continuation of its own chat).
     * ``split``: ``"train"`` or ``"test"`` tasks.
     * ``on_invalid``: ``"terminate"`` or ``"feedback"``.
     * ``max_turns``, ``max_user_turns``: episode limits.
@@ -98,6 +89,8 @@ class RehearsalEnv(gym.Env[str, str]):
     * ``rehearsal``: :class:`RehearsalConfig` of the Rehearse role.
     * ``limits``: :class:`Limits` on Act turns and JSON.
     * ``domain_kwargs``: passed to the domain factory (e.g. ``{"num_tasks": {"train": 50}}``).
+    * ``reuse_kv``: keep the conversation's KV cache between turns (:mod:`envace_gym.sessions`), so a
+      turn encodes only its new tokens.
     * ``render_mode``: ``"ansi"`` (returns the conversation) or ``"human"`` (prints it).
     """
 
@@ -109,6 +102,7 @@ class RehearsalEnv(gym.Env[str, str]):
         policy: Any = None,
         executor: str = "rehearsal",
         *,
+        rehearsal_mode: str = "separate",
         split: str = "train",
         on_invalid: str = "terminate",
         p_real: float = 0.5,
@@ -118,6 +112,7 @@ class RehearsalEnv(gym.Env[str, str]):
         rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
         limits: Limits | None = None,
         domain_kwargs: Mapping[str, Any] | None = None,
+        reuse_kv: bool = True,
         render_mode: str | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -127,6 +122,7 @@ class RehearsalEnv(gym.Env[str, str]):
             rehearsal = RehearsalConfig(**rehearsal)
         self.config = EpisodeConfig(
             executor=executor,
+            rehearsal_mode=rehearsal_mode,
             p_real=p_real,
             on_invalid=on_invalid,
             max_turns=max_turns,
@@ -139,10 +135,11 @@ class RehearsalEnv(gym.Env[str, str]):
         self.render_mode = render_mode
         self._policy_spec = policy
         self._policy: Policy | None = None
+        self.reuse_kv = reuse_kv
+        self._session: Any = None
         self.action_space = ActText(self.config.limits.max_action_chars, tuple(self.domain.tools.names))
         self.observation_space = AnyText(MAX_OBSERVATION_CHARS)
         self._episode: Episode | None = None
-        self._last_observation = ""
         self._act_generation: Generation | None = None
 
     # -- policy ---------------------------------------------------------------------------------------
@@ -152,6 +149,13 @@ class RehearsalEnv(gym.Env[str, str]):
         if self._policy is None:
             self._policy = make_policy(self._policy_spec)
         return self._policy
+
+    @property
+    def session(self) -> Any:
+        """The KV-reusing generation session of this env's conversation (``None`` when off or unsupported)."""
+        if self._session is None and self.reuse_kv:
+            self._session = open_session(self.policy)
+        return self._session
 
     @property
     def episode(self) -> Episode:
@@ -172,27 +176,23 @@ class RehearsalEnv(gym.Env[str, str]):
             self.np_random,
             max_context=policy.max_context,
             act_max_new_tokens=self.act_sampling.max_new_tokens,
+            key=id(self),
         )
+        if self._session is not None:
+            self._session.forget([id(self)])  # the last episode's cache is of no further use
         self._act_generation = None
-        self._last_observation = self._episode.observation()
         info = self._episode.base_info()
         info["task"] = task.to_dict()
         if self.render_mode == "human":
             self.render()
-        return self._last_observation, info
+        return self._episode.observation(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         episode = self.episode
-        act = self._act_ids(action)
-        steps = episode.step(action)
-        try:
-            requests = next(steps)
-            while True:
-                requests = steps.send(fulfil(self.policy, requests))
-        except StopIteration as stop:
-            outcome = stop.value
-        outcome.info["act"] = act
-        self._last_observation = outcome.observation
+        act, self._act_generation = self._act_generation, None
+        if act is not None and act.text != action:
+            act = None  # the caller changed the text: it is tokenized as given
+        (outcome,) = run_lockstep([episode.step(action, act)], self.policy, self.np_random, self.session)
         if self.render_mode == "human":
             self.render()
         return outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
@@ -212,35 +212,15 @@ class RehearsalEnv(gym.Env[str, str]):
 
     # -- acting with the env's own policy -------------------------------------------------------------
     def act(self, params: SamplingParams | None = None) -> str:
-        """Generate the next Act turn with the env's policy from the current observation.
+        """Generate the next Act turn with the env's policy from the current prompt.
 
-        Passing the returned text to :meth:`step` puts the generated ids and log-probs in ``info["act"]``.
+        Passing the returned text to :meth:`step` keeps the generated ids and log-probs (``info["act"]``).
         """
-        prompt = tuple(self.episode.encode(self._last_observation))
-        params = params or self.act_sampling
-        if params.seed is None:
-            params = params.with_seed(int(self.np_random.integers(2**31)))
-        self._act_generation = self.policy.generate([prompt], params)[0]
-        return self._act_generation.text
-
-    def _act_ids(self, action: str) -> dict[str, Any]:
-        gen, self._act_generation = self._act_generation, None
-        if gen is not None and gen.text == action:
-            return {
-                "prompt_ids": list(gen.prompt_ids),
-                "completion_ids": list(gen.completion_ids),
-                "logprobs": list(gen.logprobs),
-                "generated": True,
-            }
         episode = self.episode
-        eos = getattr(self.policy, "stop_ids", None) or [self.policy.tokenizer.eos_token_id]
-        completion = episode.encode(action) if isinstance(action, str) else []
-        return {
-            "prompt_ids": episode.encode(self._last_observation),
-            "completion_ids": completion + [eos[0]],
-            "logprobs": None,
-            "generated": False,
-        }
+        (self._act_generation,) = generate_batched(
+            self.policy, [episode.prompt_ids], params or self.act_sampling, self.np_random, self.session, [episode.key]
+        )
+        return self._act_generation.text
 
     def _resolve_task(self, task: Task | str | None) -> Task:
         if isinstance(task, Task):

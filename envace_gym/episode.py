@@ -1,43 +1,58 @@
 """One episode of world rehearsal, independent of the Gymnasium API and of how text is generated.
 
-:meth:`Episode.step` is a generator: it takes the agent's Act text, does everything that needs no model
-(parse, validate, route, real or cached answers), *yields* the rehearsal prompts it needs generated, gets
-the generations sent back, and returns a :class:`StepOutcome`. :class:`~envace_gym.env.RehearsalEnv`
-answers the yields with its own policy; a vector env or a rollout collector answers the yields of many
-episodes with one batched call. The logic reads top to bottom as METHOD.md describes it:
+:meth:`Episode.step` is a generator: it takes the agent's Act turn, does everything that needs no model
+(parse, validate, route, real or cached answers), *yields* the generations it needs (rehearsals), gets them
+sent back, and returns a :class:`StepOutcome`. :class:`~envace_gym.env.RehearsalEnv` answers the yields with
+its own policy; the vector env and the rollout collector answer the yields of many episodes with one batched
+call. The logic reads top to bottom as METHOD.md describes it:
 
-    Act turn  → parse → validate (format, whitelist, schema) → route each call
-              → real executor | reference cache | Rehearse (policy, fresh prompt per call)
-              → tool messages → next Act prompt, or a scripted user turn, or the end and the reward.
+    Act turn → parse → validate (format, whitelist, schema) → route each call
+             → real executor | reference cache | Rehearse (the policy)
+             → tool messages → next Act prompt, or a scripted user turn, or the end and the reward.
+
+Two rehearsal modes:
+
+* ``separate`` (the paper's): a fresh prompt per call, with the task's reference executions as
+  privileged context; each rehearsal is its own training row.
+* ``inline``: the policy writes the tool response as a continuation of its own chat, inside the chat
+  template's tool turn; the episode is one row where Act and Rehearse tokens are trained and the
+  template's scaffolding is masked. Cheaper (no second prompt), no privileged context.
+
+The conversation is kept as token ids that only grow (see :mod:`envace_gym.chat`): the Act prompt of turn
+k+1 is the prompt of turn k, the ids of the Act turn, then the ids of what followed.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from .chat import ChatFormat
 from .domains import CallRecord, Domain, RewardResult, Task, Trajectory
 from .errors import DomainError, EnvACEError, ErrorCode, ToolError
 from .executors import ReferenceCache
-from .parsing import DEFAULT_LIMITS, Limits, parse_act, parse_execution_result
+from .parsing import DEFAULT_LIMITS, RESULT_OPEN, Limits, parse_act, parse_execution_result, parse_result_json
 from .policy import Generation, SamplingParams
 from .simulator import EXECUTORS, RehearsalConfig, choose_route, rehearsal_messages, rehearsal_prompt
 from .tools import ToolCall
 
 ON_INVALID = ("terminate", "feedback")
+REHEARSAL_MODES = ("separate", "inline")
 
 
 @dataclass(frozen=True)
 class EpisodeConfig:
-    """Episode rules shared by the single and the vector environment.
+    """Episode rules shared by the single env, the vector env and the collector.
 
     Attributes:
         executor: Who answers tool calls: ``"rehearsal"``, ``"real"``, ``"cached"`` or ``"mixed"``.
+        rehearsal_mode: ``"separate"`` (fresh prompt per call, the paper's) or ``"inline"`` (the policy
+            continues its own chat in the tool role).
         p_real: With ``"mixed"``, the probability that a call goes to the real executor.
         on_invalid: ``"terminate"`` (the paper: the episode ends with reward 0) or ``"feedback"`` (the
             typed error becomes the tool's response and the episode goes on).
@@ -48,6 +63,7 @@ class EpisodeConfig:
     """
 
     executor: str = "rehearsal"
+    rehearsal_mode: str = "separate"
     p_real: float = 0.5
     on_invalid: str = "terminate"
     max_turns: int | None = None
@@ -58,6 +74,8 @@ class EpisodeConfig:
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
+        if self.rehearsal_mode not in REHEARSAL_MODES:
+            raise ValueError(f"rehearsal_mode must be one of {REHEARSAL_MODES}, got {self.rehearsal_mode!r}")
         if self.on_invalid not in ON_INVALID:
             raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
         if not 0.0 <= self.p_real <= 1.0:
@@ -66,12 +84,33 @@ class EpisodeConfig:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A prompt the episode needs generated, with what it is for."""
+    """A prompt the episode needs generated. ``params.seed`` is left unset: whoever batches the
+    requests seeds each batch, from its own ``np_random``. ``key`` names the conversation the prompt
+    continues (``inline`` rehearsals), so a generation session can reuse its KV cache; ``None`` for a
+    fresh prompt."""
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     role: str = "rehearse"
     call_id: str = ""
+    key: Hashable | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training row: a prompt and the tokens after it.
+
+    ``mask[i]`` is 1 where the policy wrote ``completion_ids[i]`` (trained) and 0 for environment text (the
+    template's scaffolding, user turns, real tool results); ``logprobs`` are 0 where the mask is 0.
+    ``role`` is ``"act"`` or ``"rehearse"`` (``separate`` mode: one row per generation) or ``"episode"``
+    (``inline`` mode: the whole episode, both roles).
+    """
+
+    role: str
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    mask: tuple[int, ...]
 
 
 @dataclass
@@ -90,16 +129,17 @@ def render_for_model(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Episode:
-    """The state of one episode: conversation, real executor, scripted users, records.
+    """The state of one episode: conversation (as messages and as ids), real executor, scripted users, records.
 
     Args:
         domain: The domain (tools, reward, executor).
         task: The task being played.
         config: Episode rules.
-        tokenizer: The policy's tokenizer (renders prompts and observations).
-        rng: The environment's ``np_random``: every random choice (routes, sampling seeds) comes from it.
+        tokenizer: The policy's tokenizer (its chat template lays out the conversation).
+        rng: A ``np_random``: every random choice of the episode (task routing in ``mixed``) comes from it.
         max_context: The policy's token budget (prompt + completion).
         act_max_new_tokens: Tokens reserved for the next Act turn in the context guard.
+        key: Names this conversation for KV-cache reuse (see :mod:`envace_gym.sessions`).
     """
 
     def __init__(
@@ -112,9 +152,11 @@ class Episode:
         *,
         max_context: int = 8192,
         act_max_new_tokens: int = 512,
+        key: Hashable | None = None,
     ) -> None:
         self.domain, self.task, self.config, self.tokenizer, self.rng = domain, task, config, tokenizer, rng
-        self.max_context, self.act_max_new_tokens = max_context, act_max_new_tokens
+        self.max_context, self.act_max_new_tokens, self.key = max_context, act_max_new_tokens, key
+        self.chat = ChatFormat.of(tokenizer)
         self.whitelist = domain.whitelist(task)
         self.tools_openai = domain.tools.to_openai(self.whitelist)
         self.candidates = [domain.tools[n] for n in self.whitelist]
@@ -130,6 +172,15 @@ class Episode:
             {"role": "system", "content": task.system_prompt or domain.system_prompt},
             {"role": "user", "content": task.prompt},
         ]
+        # The conversation as ids: rendered and tokenized once here, then only appended to.
+        self.prompt_text = self.chat.render(render_for_model(self.messages), self.tools_openai)
+        self.prompt_ids: list[int] = self.chat.encode(self.prompt_text)
+        self.initial_prompt_ids = tuple(self.prompt_ids)
+        self._ids: list[int] = []  # everything after the initial prompt ...
+        self._logprobs: list[float] = []
+        self._mask: list[int] = []  # ... and which of it the policy wrote
+        self._turn_open = False  # the last Act turn was cut before its end token
+        self.rows: list[Row] = []  # separate mode: one row per generation
         self.pending_user_turns = list(task.user_turns)
         self.user_turns = 1
         self.turn = 0
@@ -138,34 +189,43 @@ class Episode:
         self.done = False
         self.reward_result: RewardResult | None = None
 
-    # -- rendering ------------------------------------------------------------------------------------
+    # -- views ----------------------------------------------------------------------------------------
     def observation(self) -> str:
-        """The next Act prompt, rendered by the policy's chat template with this task's tools."""
-        return self.tokenizer.apply_chat_template(
-            render_for_model(self.messages), tools=self.tools_openai, add_generation_prompt=True, tokenize=False
-        )
+        """The next Act prompt as text (its ids are :attr:`prompt_ids`)."""
+        return self.prompt_text
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.chat.encode(text)
 
     def trajectory(self) -> Trajectory:
         return Trajectory(self.task, tuple(copy.deepcopy(self.messages)), tuple(self.records), tuple(self.answers))
+
+    def episode_row(self) -> Row:
+        """The whole episode as one row (``inline`` mode's training row; in ``separate`` mode, the Act
+        tokens are marked and rehearsals, which happened outside the chat, are absent)."""
+        return Row("episode", self.initial_prompt_ids, tuple(self._ids), tuple(self._logprobs), tuple(self._mask))
 
     def base_info(self) -> dict[str, Any]:
         return {
             "task_id": self.task.id,
             "turn": self.turn,
             "executor": self.config.executor,
+            "rehearsal_mode": self.config.rehearsal_mode,
             "messages": copy.deepcopy(self.messages),
         }
 
     # -- the step -------------------------------------------------------------------------------------
-    def step(self, action: str) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
-        """Play one Act turn. Yields rehearsal requests; returns the outcome."""
+    def step(
+        self, action: str, act: Generation | None = None
+    ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
+        """Play one Act turn. ``act`` is the generation that wrote ``action``, when there is one (its ids
+        and log-probs are kept as they are); otherwise ``action`` is tokenized. Yields generation
+        requests; returns the outcome."""
         if self.done:
             raise EnvACEError("this episode is over; call reset() before step()")
         self.turn += 1
-        info = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
+        info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
+        self._record_act(action, act, info)
         parsed = parse_act(action, self.config.limits)
         calls = [replace(c, id=f"call_{self.turn}_{i}") for i, c in enumerate(parsed.calls)]
         message: dict[str, Any] = {"role": "assistant", "content": action if isinstance(action, str) else ""}
@@ -176,79 +236,80 @@ class Episode:
 
         if parsed.error is not None:  # a malformed turn: nothing of it is executed
             self.records.append(CallRecord(self.turn, None, None, error=parsed.error))
-            return self._after_error(parsed.error, [], info)
+            self._add_messages([{"role": "tool", "name": "", "content": _dump(parsed.error.to_payload())}])
+            return self._after_errors([parsed.error], info)
 
         if parsed.is_final_answer:
             self.answers.append(parsed.content)
             if not self.pending_user_turns:
                 return self._finish(info, terminated=True)
-            self.messages.append({"role": "user", "content": self.pending_user_turns.pop(0)})
+            self._add_messages([{"role": "user", "content": self.pending_user_turns.pop(0)}])
             self.user_turns += 1
             return self._continue(info)
 
-        # Validate every call before answering any: a malformed call ends the turn cheaply.
-        responses: dict[str, Any] = {}
+        # Validate every call before answering any: an invalid call ends the turn cheaply.
         errors: dict[str, ToolError] = {}
         for call in calls:
             check = self.domain.tools.validate(call, self.whitelist)
             if not check.ok:
                 errors[call.id] = check.error  # type: ignore[assignment]
         if errors and self.config.on_invalid == "terminate":
-            for call in calls:
-                self.records.append(CallRecord(self.turn, call, None, error=errors.get(call.id)))
-            first = next(iter(errors.values()))
-            return self._after_error(first, [(c, errors.get(c.id)) for c in calls], info)
+            self.records += [CallRecord(self.turn, c, None, error=errors.get(c.id)) for c in calls]
+            info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
+            self._add_messages([self._tool_message(c, errors[c.id].to_payload()) for c in calls if c.id in errors])
+            return self._after_errors(list(errors.values()), info)
 
+        responses: dict[str, Any] = {}
         routes: dict[str, str] = {}
-        to_rehearse: list[ToolCall] = []
         for call in calls:
-            if call.id in errors:
-                continue
-            hit, cached = self.cache.lookup(call) if self.cache is not None else (False, None)
-            route = choose_route(self.config.executor, self.rng, self.config.p_real, hit)
-            routes[call.id] = route
-            if route == "cache":
-                responses[call.id] = cached
-            elif route == "real":
-                try:
-                    responses[call.id] = self.executor.execute(call)  # type: ignore[union-attr]
-                except Exception as exc:  # the executor's bug, reported as data; the episode survives it
-                    errors[call.id] = ToolError(
-                        ErrorCode.EXECUTION_ERROR,
-                        f"{call.name} failed: {type(exc).__name__}: {exc}"[:300],
-                        {"tool": call.name},
-                        source="executor",
-                    )
-            else:
-                to_rehearse.append(call)
+            if call.id not in errors:
+                routes[call.id] = self._answer_without_model(call, responses, errors)
 
-        if to_rehearse:
-            results = yield from self._rehearse(to_rehearse, action, info)
-            for call in to_rehearse:
-                result, error = results[call.id]
-                if error is None:
-                    responses[call.id] = result
-                else:
-                    errors[call.id] = error
+        if self.config.rehearsal_mode == "separate":
+            pending = [c for c in calls if routes.get(c.id) == "rehearsal"]
+            if pending:
+                yield from self._rehearse_separate(pending, action, responses, errors, info)
+            payloads = [errors[c.id].to_payload() if c.id in errors else responses[c.id] for c in calls]
+            self._add_messages([self._tool_message(c, p) for c, p in zip(calls, payloads, strict=True)])
+        else:
+            yield from self._tool_turn_inline(calls, routes, responses, errors, info)
 
-        for call in calls:
-            self.records.append(
-                CallRecord(self.turn, call, routes.get(call.id), responses.get(call.id), errors.get(call.id))
-            )
+        self.records += [
+            CallRecord(self.turn, c, routes.get(c.id), responses.get(c.id), errors.get(c.id)) for c in calls
+        ]
         info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
-        if errors and self.config.on_invalid == "terminate":
-            first = next(errors[c.id] for c in calls if c.id in errors)
-            return self._after_error(first, [(c, errors.get(c.id)) for c in calls], info, responses)
-        for call in calls:
-            self._tool_message(call, errors[call.id].to_payload() if call.id in errors else responses[call.id])
         if errors:
-            info["error"] = next(errors[c.id] for c in calls if c.id in errors).to_dict()
+            return self._after_errors([errors[c.id] for c in calls if c.id in errors], info)
         return self._continue(info)
 
-    def _rehearse(
-        self, calls: list[ToolCall], action: str, info: dict[str, Any]
-    ) -> Generator[list[GenerationRequest], list[Generation], dict[str, tuple[Any, ToolError | None]]]:
-        """Rehearse ``calls`` in one batch; resample those whose result fails a ``returns`` schema."""
+    def _answer_without_model(self, call: ToolCall, responses: dict[str, Any], errors: dict[str, ToolError]) -> str:
+        """Route one valid call; answer it now unless it goes to the Rehearse role."""
+        hit, cached = self.cache.lookup(call) if self.cache is not None else (False, None)
+        route = choose_route(self.config.executor, self.rng, self.config.p_real, hit)
+        if route == "cache":
+            responses[call.id] = cached
+        elif route == "real":
+            try:
+                responses[call.id] = self.executor.execute(call)  # type: ignore[union-attr]
+            except Exception as exc:  # the executor's bug, reported as data; the episode survives it
+                errors[call.id] = ToolError(
+                    ErrorCode.EXECUTION_ERROR,
+                    f"{call.name} failed: {type(exc).__name__}: {exc}"[:300],
+                    {"tool": call.name},
+                    source="executor",
+                )
+        return route
+
+    # -- the Rehearse role ----------------------------------------------------------------------------
+    def _rehearse_separate(
+        self,
+        calls: list[ToolCall],
+        action: str,
+        responses: dict[str, Any],
+        errors: dict[str, ToolError],
+        info: dict[str, Any],
+    ) -> Generator[list[GenerationRequest], list[Generation], None]:
+        """Rehearse ``calls`` in one batch of fresh prompts; resample results that fail a ``returns`` schema."""
         cfg = self.config.rehearsal
         history = self.messages[:-1]  # the conversation before this Act turn, which is shown raw
         prompts: dict[str, tuple[int, ...]] = {}
@@ -257,72 +318,167 @@ class Episode:
                 call, self.domain.tools[call.name], self.candidates, self.reference_pairs, history, action, cfg
             )
             prompts[call.id] = tuple(self.encode(rehearsal_prompt(self.tokenizer, chat, cfg)))
-        outcome: dict[str, tuple[Any, ToolError | None]] = {}
-        todo = list(calls)
+        budget = self.max_context - cfg.max_new_tokens
+        todo = []
+        for call in calls:
+            if len(prompts[call.id]) <= budget:
+                todo.append(call)
+            else:
+                errors[call.id] = _overflow(len(prompts[call.id]), budget)
+        params = cfg.sampling()
         for attempt in range(cfg.returns_resamples + 1):
-            budget = self.max_context - cfg.max_new_tokens
-            fits = [c for c in todo if len(prompts[c.id]) <= budget]
-            for call in todo:
-                if call not in fits:
-                    outcome[call.id] = (None, _overflow(len(prompts[call.id]), budget))
-            if not fits:
-                break
-            params = cfg.sampling(seed=int(self.rng.integers(2**31)))
-            generations = yield [GenerationRequest(prompts[c.id], params, "rehearse", c.id) for c in fits]
-            retry = []
-            for call, gen in zip(fits, generations, strict=True):
-                text = ("<execution_result>\n" if cfg.prefill else "") + gen.text
-                read = parse_execution_result(text, self.config.limits)
-                error = read.error
-                if error is None:
-                    error = self.domain.tools[call.name].validate_result(read.result)
-                info["rehearsals"].append(
-                    {
-                        "call_id": call.id,
-                        "name": call.name,
-                        "attempt": attempt,
-                        "prompt_ids": list(gen.prompt_ids),
-                        "completion_ids": list(gen.completion_ids),
-                        "logprobs": list(gen.logprobs),
-                        "text": gen.text,
-                        "finish_reason": gen.finish_reason,
-                        "accepted": error is None,
-                        "error": error.to_dict() if error else None,
-                    }
-                )
-                outcome[call.id] = (read.result, error)
-                if error is not None and error.code is ErrorCode.RESULT_SCHEMA_MISMATCH:
-                    retry.append(call)
-            todo = retry
             if not todo:
                 break
-        return outcome
+            generations = yield [GenerationRequest(prompts[c.id], params, "rehearse", c.id) for c in todo]
+            retry = []
+            for call, gen in zip(todo, generations, strict=True):
+                text = (RESULT_OPEN + "\n" if cfg.prefill else "") + gen.text
+                read = parse_execution_result(text, self.config.limits)
+                error = read.error or self.domain.tools[call.name].validate_result(read.result)
+                self._record_rehearsal(call, attempt, gen, error, info)
+                self.rows.append(
+                    Row("rehearse", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
+                )
+                if error is None:
+                    responses[call.id] = read.result
+                    errors.pop(call.id, None)
+                else:
+                    errors[call.id] = error
+                    if error.code is ErrorCode.RESULT_SCHEMA_MISMATCH:
+                        retry.append(call)
+            todo = retry
 
-    # -- endings --------------------------------------------------------------------------------------
-    def _tool_message(self, call: ToolCall, payload: Any) -> None:
-        self.messages.append(
+    def _tool_turn_inline(
+        self,
+        calls: list[ToolCall],
+        routes: dict[str, str],
+        responses: dict[str, Any],
+        errors: dict[str, ToolError],
+        info: dict[str, Any],
+    ) -> Generator[list[GenerationRequest], list[Generation], None]:
+        """Write the tool turn into the chat: the template's scaffolding around each response, real or
+        cached answers as environment text, rehearsed ones generated by the policy in place."""
+        cfg = self.config.rehearsal
+        pieces = self.chat.tool_pieces(len(calls))
+        self._close_turn()
+        self._append_text(pieces[0])
+        for i, call in enumerate(calls):
+            after = pieces[i + 1]
+            if routes.get(call.id) != "rehearsal":
+                payload = errors[call.id].to_payload() if call.id in errors else responses[call.id]
+                self.messages.append(self._tool_message(call, payload))
+                self._append_text(_dump(payload) + after)
+                continue
+            closing = self.chat.closing(after)
+            params = replace(cfg.sampling(), stop=(closing,) if closing else ())
+            if len(self.prompt_ids) + params.max_new_tokens > self.max_context:
+                errors[call.id] = _overflow(len(self.prompt_ids), self.max_context - params.max_new_tokens)
+                self.messages.append(self._tool_message(call, errors[call.id].to_payload()))
+                self._append_text(_dump(errors[call.id].to_payload()) + after)
+                continue
+            for attempt in range(cfg.returns_resamples + 1):
+                (gen,) = yield [GenerationRequest(tuple(self.prompt_ids), params, "rehearse", call.id, self.key)]
+                content, rest, error = self._read_inline(gen, closing, after)
+                if error is None:
+                    read = parse_result_json(content, self.config.limits)
+                    error = read.error or self.domain.tools[call.name].validate_result(read.result)
+                self._record_rehearsal(call, attempt, gen, error, info)
+                retry = error is not None and error.code is ErrorCode.RESULT_SCHEMA_MISMATCH
+                if not (retry and attempt < cfg.returns_resamples):
+                    break  # a rejected sample is dropped from the chat; the last one stays, good or bad
+            self._append_ids(list(gen.completion_ids), gen.text, list(gen.logprobs), trained=True)
+            self.messages.append(self._tool_message(call, content.strip()))
+            if error is None:
+                responses[call.id] = read.result
+            else:
+                errors[call.id] = error
+            self._append_text(rest)
+            if error is not None and self.config.on_invalid == "terminate":
+                return  # the episode ends here; nothing more is generated
+
+    def _read_inline(self, gen: Generation, closing: str, after: str) -> tuple[str, str, ToolError | None]:
+        """Split an inline rehearsal into its content and the scaffolding still to append."""
+        ended_with_eos = bool(gen.completion_ids) and gen.completion_ids[-1] in self.chat.stop_ids
+        if closing and closing in gen.text:
+            cut = after.find(closing) + len(closing)
+            return gen.text[: gen.text.index(closing)], after[cut:], None
+        if not closing and ended_with_eos:
+            cut = after.find(self.chat.eos_text) + len(self.chat.eos_text)
+            return gen.text, after[cut:], None
+        missing = closing or self.chat.eos_text
+        error = ToolError(
+            ErrorCode.INVALID_REHEARSAL,
+            f"the tool response was not closed with {missing!r}",
+            {"output": gen.text[:300]},
+            source="rehearsal",
+        )
+        return gen.text, after, error  # the template's own closing follows, so the chat stays well-formed
+
+    def _record_rehearsal(
+        self, call: ToolCall, attempt: int, gen: Generation, error: ToolError | None, info: dict[str, Any]
+    ) -> None:
+        info["rehearsals"].append(
             {
-                "role": "tool",
-                "tool_call_id": call.id,
+                "call_id": call.id,
                 "name": call.name,
-                "content": json.dumps(payload, ensure_ascii=False),
+                "attempt": attempt,
+                "prompt_ids": list(gen.prompt_ids),
+                "completion_ids": list(gen.completion_ids),
+                "logprobs": list(gen.logprobs),
+                "text": gen.text,
+                "finish_reason": gen.finish_reason,
+                "accepted": error is None,
+                "error": error.to_dict() if error else None,
             }
         )
 
-    def _after_error(
-        self,
-        error: ToolError,
-        calls: list[tuple[ToolCall, ToolError | None]],
-        info: dict[str, Any],
-        responses: Mapping[str, Any] | None = None,
-    ) -> StepOutcome:
-        info["error"] = error.to_dict()
-        if not calls:  # the turn could not be read: one tool message carries the error
-            self.messages.append(
-                {"role": "tool", "name": "", "content": json.dumps(error.to_payload(), ensure_ascii=False)}
-            )
-        for call, err in calls:
-            self._tool_message(call, err.to_payload() if err else (responses or {}).get(call.id, {"skipped": True}))
+    # -- growing the conversation ---------------------------------------------------------------------
+    def _record_act(self, action: str, act: Generation | None, info: dict[str, Any]) -> None:
+        prompt = tuple(self.prompt_ids)
+        if act is not None:
+            ids, logprobs = list(act.completion_ids), list(act.logprobs)
+            self.rows.append(Row("act", prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
+        else:
+            ids = self.encode(action if isinstance(action, str) else "") + [self.chat.eos_id]
+            logprobs = [0.0] * len(ids)
+        info["act"] = {
+            "prompt_ids": list(prompt),
+            "completion_ids": list(ids),
+            "logprobs": logprobs if act is not None else None,
+            "generated": act is not None,
+        }
+        self._append_ids(ids, self.chat.decode(ids), logprobs, trained=True)
+        self._turn_open = not ids or ids[-1] not in self.chat.stop_ids
+
+    def _append_ids(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
+        self.prompt_ids += ids
+        self.prompt_text += text
+        self._ids += ids
+        self._logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self._mask += [int(trained)] * len(ids)
+
+    def _append_text(self, text: str) -> None:
+        self._append_ids(self.encode(text), text, None, trained=False)
+
+    def _close_turn(self) -> None:
+        """An Act turn cut by the token budget still needs its end token before anything follows."""
+        if self._turn_open:
+            self._append_ids([self.chat.eos_id], self.chat.eos_text, None, trained=False)
+            self._turn_open = False
+
+    def _add_messages(self, messages: list[dict[str, Any]]) -> None:
+        """Append tool or user messages to the conversation, as messages and as ids."""
+        self.messages += messages
+        self._close_turn()
+        self._append_text(self.chat.suffix(render_for_model(messages)))
+
+    def _tool_message(self, call: ToolCall, payload: Any) -> dict[str, Any]:
+        content = payload if isinstance(payload, str) else _dump(payload)
+        return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+    # -- endings --------------------------------------------------------------------------------------
+    def _after_errors(self, errors: list[ToolError], info: dict[str, Any]) -> StepOutcome:
+        info["error"] = errors[0].to_dict()
         if self.config.on_invalid == "terminate":
             self.done = True
             self.reward_result = RewardResult(0.0, {"no_invalid_call": False})
@@ -333,13 +489,12 @@ class Episode:
         if self.turn >= self.max_turns or self.user_turns > self.config.max_user_turns:
             info["truncation"] = "max_turns" if self.turn >= self.max_turns else "max_user_turns"
             return self._finish(info, terminated=False)
-        observation = self.observation()
-        if len(self.encode(observation)) + self.act_max_new_tokens > self.max_context:
+        if len(self.prompt_ids) + self.act_max_new_tokens > self.max_context:
             info["truncation"] = "context"
-            return self._finish(info, terminated=False, observation=observation)
-        return self._outcome(0.0, False, False, info, observation)
+            return self._finish(info, terminated=False)
+        return self._outcome(0.0, False, False, info)
 
-    def _finish(self, info: dict[str, Any], *, terminated: bool, observation: str | None = None) -> StepOutcome:
+    def _finish(self, info: dict[str, Any], *, terminated: bool) -> StepOutcome:
         """The end: the domain's reward over the whole trajectory (also when truncated)."""
         self.done = True
         try:
@@ -348,19 +503,19 @@ class Episode:
             self.reward_result = RewardResult(None, {})
             info["reward_error"] = f"{type(exc).__name__}: {exc}"[:300]
         score = self.reward_result.score
-        return self._outcome(0.0 if score is None else float(score), terminated, not terminated, info, observation)
+        return self._outcome(0.0 if score is None else float(score), terminated, not terminated, info)
 
-    def _outcome(
-        self, reward: float, terminated: bool, truncated: bool, info: dict[str, Any], observation: str | None = None
-    ) -> StepOutcome:
+    def _outcome(self, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepOutcome:
         info.update(self.base_info())
         if self.done and self.reward_result is not None:
             info["reward_checks"] = dict(self.reward_result.checks)
             info["reward_masked"] = self.reward_result.score is None
             info["success"] = self.reward_result.success
-        return StepOutcome(
-            observation if observation is not None else self.observation(), reward, terminated, truncated, info
-        )
+        return StepOutcome(self.prompt_text, reward, terminated, truncated, info)
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _overflow(length: int, budget: int) -> ToolError:

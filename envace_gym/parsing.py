@@ -221,7 +221,20 @@ def parse_execution_result(text: str, limits: Limits = DEFAULT_LIMITS) -> Parsed
         return bad(f"{RESULT_OPEN} is never closed by {RESULT_CLOSE}")
     if rest[end + len(RESULT_CLOSE) :].strip():
         return bad(f"unexpected text after {RESULT_CLOSE}")
-    body = rest[len(RESULT_OPEN) : end].strip()
+    read = parse_result_json(rest[len(RESULT_OPEN) : end], limits)
+    return ParsedResult(read.result, read.error, thought)
+
+
+def parse_result_json(body: str, limits: Limits = DEFAULT_LIMITS) -> ParsedResult:
+    """Read a rehearsed tool response body: non-empty JSON; ``{"error_tool_call": ...}`` is an error.
+
+    This is the whole contract of an ``inline`` rehearsal (the chat template supplies the tags).
+    """
+
+    def bad(message: str, code: ErrorCode = ErrorCode.INVALID_REHEARSAL) -> ParsedResult:
+        return ParsedResult(error=ToolError(code, message, {"output": body[:300]}, source="rehearsal"))
+
+    body = body.strip()
     if not body:
         return bad("empty execution result")
     value, error = loads_json(body, limits)
@@ -231,8 +244,8 @@ def parse_execution_result(text: str, limits: Limits = DEFAULT_LIMITS) -> Parsed
     if value in ({}, [], "", None):
         return bad("execution result is empty JSON")
     if isinstance(value, Mapping) and "error_tool_call" in value:
-        return ParsedResult(error=_rehearsed_error(value["error_tool_call"]), thought=thought)
-    return ParsedResult(result=value, thought=thought)
+        return ParsedResult(error=_rehearsed_error(value["error_tool_call"]))
+    return ParsedResult(result=value)
 
 
 def _rehearsed_error(payload: Any) -> ToolError:
@@ -282,4 +295,5 @@ __all__ = [
     "loads_json",
     "parse_act",
     "parse_execution_result",
+    "parse_result_json",
 ]

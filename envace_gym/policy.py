@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
 from transformers import (
@@ -23,6 +23,9 @@ from transformers import (
 )
 
 from .errors import PolicyError
+
+if TYPE_CHECKING:
+    from .sessions import GenerationSession
 
 
 @dataclass(frozen=True)
@@ -198,17 +201,27 @@ class TransformersPolicy:
         return next(self.model.parameters()).device
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        if params.max_new_tokens < 1:
-            raise PolicyError("max_new_tokens must be at least 1")
         out: list[Generation] = []
         for start in range(0, len(prompts), self.max_batch_size):
             out += self._generate_batch(prompts[start : start + self.max_batch_size], params)
         return out
 
-    @torch.inference_mode()
     def _generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         if not prompts:
             return []
+        self.check_fits(prompts, params)
+        longest = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), longest), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding: every row ends where generation starts
+            input_ids[row, longest - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+            attention[row, longest - len(prompt) :] = 1
+        gens, _ = self.run(input_ids, attention, prompts, params)
+        return gens
+
+    def check_fits(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
+        if params.max_new_tokens < 1:
+            raise PolicyError("max_new_tokens must be at least 1")
         longest = max(len(p) for p in prompts)
         if longest == 0:
             raise PolicyError("cannot generate from an empty prompt")
@@ -216,12 +229,24 @@ class TransformersPolicy:
             raise PolicyError(
                 f"prompt of {longest} tokens + {params.max_new_tokens} new tokens exceeds the context of {self.max_context}"
             )
+
+    @torch.inference_mode()
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        cache: Any = None,
+    ) -> tuple[list[Generation], Any]:
+        """One ``model.generate`` call on ready-made (possibly padded, possibly cached) inputs.
+
+        ``attention`` marks real tokens with 1; every row must end with its last prompt token (positions
+        come from the mask, so padding may also sit between turns). ``cache`` holds the KV of the first
+        columns, which are then not recomputed. Returns the generations and the cache after the call.
+        """
         device = self.device
-        input_ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), longest), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding: every row ends where generation starts
-            input_ids[row, longest - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
-            attention[row, longest - len(prompt) :] = 1
+        width = input_ids.shape[1]
         greedy = params.temperature <= 0
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
@@ -234,7 +259,8 @@ class TransformersPolicy:
             return_dict_in_generate=True,
         )
         recorder = _LogprobRecorder(params.temperature)
-        stopper = _StopStrings(self.tokenizer, params.stop, longest) if params.stop else None
+        stopper = _StopStrings(self.tokenizer, params.stop, width) if params.stop else None
+        extra = {} if cache is None else {"cache": cache}
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
             if params.seed is not None:
@@ -245,8 +271,9 @@ class TransformersPolicy:
                 generation_config=config,
                 logits_processor=LogitsProcessorList([recorder]),
                 stopping_criteria=StoppingCriteriaList([stopper] if stopper else []),
+                **extra,
             )
-        new_tokens = result.sequences[:, longest:].cpu()
+        new_tokens = result.sequences[:, width:].cpu()
         logprobs = recorder.finish(result.sequences[:, -1]).cpu()
         stops = set(self.stop_ids)
         gens: list[Generation] = []
@@ -266,7 +293,13 @@ class TransformersPolicy:
                     finish_reason="stop" if end is not None else "length",
                 )
             )
-        return gens
+        return gens, getattr(result, "cache", None) or getattr(result, "past_key_values", None)
+
+    def session(self) -> GenerationSession:
+        """A :class:`~envace_gym.sessions.GenerationSession` that keeps conversations' KV cache between calls."""
+        from .sessions import GenerationSession
+
+        return GenerationSession(self)
 
 
 def make_policy(spec: Any = None, tokenizer: PreTrainedTokenizerBase | None = None) -> Policy:

@@ -10,4 +10,8 @@ REHEARSAL_ENV_ID = "EnvACE-Rehearsal-v0"
 def register_envs() -> None:
     """Register the ids (idempotent: importing the package twice registers once)."""
     if REHEARSAL_ENV_ID not in gym.registry:
-        gym.register(id=REHEARSAL_ENV_ID, entry_point="envace_gym.env:RehearsalEnv")
+        gym.register(
+            id=REHEARSAL_ENV_ID,
+            entry_point="envace_gym.env:RehearsalEnv",
+            vector_entry_point="envace_gym.vector:RehearsalVectorEnv",
+        )

@@ -1,0 +1,186 @@
+"""Batched rollouts: the vector env and the collector agree with single envs, and their rows are token-exact."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+
+import envace_gym  # noqa: F401
+from envace_gym import RehearsalConfig, SamplingParams, make_domain
+from envace_gym.rollout import collect_rollouts
+from envace_gym.testing import oracle_policy
+from envace_gym.vector import RehearsalVectorEnv
+
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
+REHEARSE_GREEDY = RehearsalConfig(max_new_tokens=12, temperature=0)
+TASKS = ["bank/000", "bank/001", "travel/000"]
+
+
+def single_env_reference_run(policy, task_id, mode):
+    domain = task_id.split("/")[0]
+    env = gym.make(
+        "EnvACE-Rehearsal-v0", domain=domain, policy=policy, rehearsal_mode=mode, rehearsal=REHEARSE_GREEDY,
+        act_sampling=GREEDY, on_invalid="feedback",
+    )  # fmt: skip
+    env.reset(options={"task": task_id})
+    task = env.unwrapped.episode.task
+    for turn in task.reference:
+        obs, reward, terminated, truncated, info = env.step(turn.text)
+        if terminated or truncated:
+            break
+    return info["messages"], reward
+
+
+@pytest.mark.parametrize("mode", ["separate", "inline"])
+def test_collector_matches_single_envs_under_greedy_decoding(tiny, mode):
+    for domain in ("bank", "travel"):
+        tasks = [t for t in TASKS if t.startswith(domain)]
+        batch = collect_rollouts(
+            tiny, domain, tasks, group_size=2, act="reference", rehearsal_mode=mode, rehearsal=REHEARSE_GREEDY,
+            act_sampling=GREEDY, on_invalid="feedback",
+        )  # fmt: skip
+        assert len(batch.episodes) == 2 * len(tasks)
+        for episode in batch.episodes:
+            messages, reward = single_env_reference_run(tiny, episode.task_id, mode)
+            assert episode.messages == messages and episode.reward == reward
+
+
+def test_vector_env_matches_single_envs_with_the_policy_acting(tiny):
+    kwargs = dict(domain="units", policy=tiny, rehearsal=REHEARSE_GREEDY, act_sampling=GREEDY, on_invalid="feedback")
+    venv = gym.make_vec("EnvACE-Rehearsal-v0", num_envs=3, vectorization_mode="vector_entry_point", **kwargs)
+    assert isinstance(venv, RehearsalVectorEnv)
+    obs, infos = venv.reset(seed=10)
+    singles = [gym.make("EnvACE-Rehearsal-v0", **kwargs) for _ in range(3)]
+    single_obs = [env.reset(seed=10 + i)[0] for i, env in enumerate(singles)]
+    assert list(obs) == single_obs
+    actions = venv.act()
+    assert list(actions) == [env.unwrapped.act() for env in singles]
+    obs, rewards, terminated, truncated, infos = venv.step(actions)
+    for i, env in enumerate(singles):
+        o, r, te, tr, info = env.step(actions[i])
+        assert (obs[i], rewards[i], terminated[i], truncated[i]) == (o, r, te, tr)
+        assert infos["act"]["completion_ids"][i] == info["act"]["completion_ids"]
+
+
+def test_vector_env_batches_rehearsals_into_one_call():
+    domain = make_domain("bank")
+    task = domain.tasks("train")[0]
+    oracle = oracle_policy(domain, task)
+    calls = []
+    original = oracle.generate
+    oracle.generate = lambda prompts, params: calls.append(len(prompts)) or original(prompts, params)
+    venv = RehearsalVectorEnv(4, "bank", policy=oracle)
+    venv.reset(options={"task": task.id})
+    obs, rewards, terminated, truncated, infos = venv.step([task.reference[0].text] * 4)
+    assert calls == [4]  # four rehearsals, one generate call
+    assert all(len(r) == 1 and r[0]["accepted"] for r in infos["rehearsals"])
+
+
+def test_vector_env_autoreset_modes(tiny):
+    final = "Done."
+    venv = RehearsalVectorEnv(2, "units", policy=tiny)
+    venv.reset(seed=0)
+    _, _, terminated, _, _ = venv.step([final, final])
+    assert terminated.all()
+    obs, rewards, terminated, truncated, infos = venv.step(["ignored", "ignored"])
+    assert not terminated.any() and (rewards == 0).all() and "task" in infos  # the next step reset them
+    same = RehearsalVectorEnv(2, "units", policy=tiny, autoreset_mode="SameStep")
+    same.reset(seed=0)
+    obs, rewards, terminated, truncated, infos = same.step([final, final])
+    assert terminated.all() and infos["final_obs"][0].endswith("Done.<|im_end|>")
+    assert obs[0] != infos["final_obs"][0]  # already the next episode's prompt
+
+
+def test_partial_reset_and_task_options(tiny):
+    venv = RehearsalVectorEnv(3, "units", policy=tiny)
+    obs, infos = venv.reset(options={"task": ["units/001", "units/002", "units/003"]})
+    assert list(infos["task_id"]) == ["units/train/001", "units/train/002", "units/train/003"]
+    obs2, infos2 = venv.reset(options={"task": "units/009", "reset_mask": [False, True, False]})
+    assert obs2[0] == obs[0] and obs2[2] == obs[2] and infos2["task_id"][1] == "units/train/009"
+
+
+def forward_logprobs(model, prompt, completion, temperature):
+    ids = torch.tensor([list(prompt) + list(completion)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits / scale, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("mode", ["separate", "inline"])
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_rows_line_up_with_a_fresh_forward_pass(tiny, mode, temperature):
+    params = SamplingParams(max_new_tokens=10, temperature=temperature)
+    batch = collect_rollouts(
+        tiny, "bank", ["bank/002"], group_size=2, rehearsal_mode=mode, act_sampling=params,
+        rehearsal=RehearsalConfig(max_new_tokens=10, temperature=temperature), on_invalid="feedback", max_turns=3,
+        seed=1,
+    )  # fmt: skip
+    samples = batch.samples()
+    assert samples and {s.role for s in samples} <= ({"act", "rehearse"} if mode == "separate" else {"episode"})
+    for s in samples:
+        assert len(s.completion_ids) == len(s.logprobs) == len(s.mask)
+        expected = forward_logprobs(tiny.model, s.prompt_ids, s.completion_ids, temperature)
+        trained = torch.tensor(s.mask, dtype=torch.bool)
+        assert trained.any()
+        diff = (expected[trained] - torch.tensor(s.logprobs)[trained]).abs().max().item()
+        assert diff < 1e-4, (s.role, diff)
+        assert all(lp == 0.0 for lp, m in zip(s.logprobs, s.mask, strict=True) if not m)
+
+
+def test_act_prompts_grow_by_appending(tiny):
+    batch = collect_rollouts(
+        tiny, "bank", ["bank/000"], act="reference", rehearsal=RehearsalConfig(max_new_tokens=6), on_invalid="feedback"
+    )
+    # reference acting: the env tokenizes the text; the Act prompts still only grow
+    episode = batch.episodes[0]
+    assert episode.turns == 4
+    domain = make_domain("bank")
+    from envace_gym.episode import Episode, EpisodeConfig
+
+    replay = Episode(domain, domain.task("bank/000"), EpisodeConfig(on_invalid="feedback"), tiny.tokenizer, None)
+    prompts = []
+    for turn in domain.task("bank/000").reference:
+        prompts.append(list(replay.prompt_ids))
+        step = replay.step(turn.text)
+        try:
+            requests = next(step)
+            while True:
+                requests = step.send(tiny.generate([r.prompt_ids for r in requests], SamplingParams(max_new_tokens=4)))
+        except StopIteration:
+            pass
+    for before, after in zip(prompts, prompts[1:]):
+        assert after[: len(before)] == before and len(after) > len(before)
+    # and the text the ids decode to is the observation, i.e. the chat template's own rendering
+    rendered = tiny.tokenizer.apply_chat_template(
+        [{k: v for k, v in m.items() if k != "tool_calls"} for m in replay.messages],
+        tools=replay.tools_openai, add_generation_prompt=False, tokenize=False,
+    )  # fmt: skip
+    assert tiny.tokenizer.decode(replay.prompt_ids[: len(prompts[-1])]) in rendered + "<|im_start|>assistant\n"
+
+
+def test_inline_rows_mask_the_scaffolding():
+    domain = make_domain("bank")
+    task = domain.tasks("train")[0]
+    tok = oracle_policy(domain, task).tokenizer
+
+    # an inline oracle: answers with the real result, then closes the tool response as the template does
+    executor = domain.make_executor(task)
+    pending = [c for c, _ in task.reference_pairs()]
+
+    def respond(prompt: str) -> str:
+        return envace_gym.episode._dump(executor.execute(pending.pop(0))) + "\n</tool_response>"
+
+    from envace_gym.testing import ScriptedPolicy
+
+    batch = collect_rollouts(ScriptedPolicy(respond, tok), "bank", [task], act="reference", rehearsal_mode="inline")
+    (episode,) = batch.episodes
+    assert episode.reward == 1.0
+    (row,) = episode.rows
+    trained = tok.decode([t for t, m in zip(row.completion_ids, row.mask, strict=True) if m])
+    masked = tok.decode([t for t, m in zip(row.completion_ids, row.mask, strict=True) if not m])
+    assert "<tool_response>" in masked and "<|im_start|>assistant" in masked
+    assert "<tool_response>" not in trained and "</tool_response>" in trained  # the model closes its response
+    for call, result in task.reference_pairs():
+        assert envace_gym.episode._dump(result) in trained

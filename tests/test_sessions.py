@@ -1,0 +1,48 @@
+"""KV reuse across turns gives the same generations as encoding every prompt from scratch."""
+
+from __future__ import annotations
+
+from envace_gym import SamplingParams
+from envace_gym.sessions import GenerationSession
+
+
+def close(a, b, tol=1e-4):
+    return (
+        a.completion_ids == b.completion_ids
+        and max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0) < tol
+    )
+
+
+def test_continued_conversations_match_uncached_generation(tiny):
+    tok = tiny.tokenizer
+    session = tiny.session()
+    assert isinstance(session, GenerationSession) and session.supported
+    prompts = [tok.encode("hello world " * (4 + 3 * i)) for i in range(3)]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    for turn in range(3):
+        got = session.generate([0, 1, 2], prompts, greedy)
+        want = [tiny.generate([p], greedy)[0] for p in prompts]
+        assert all(close(g, w) for g, w in zip(got, want, strict=True)), turn
+        prompts = [
+            p + list(g.completion_ids) + tok.encode(" more" * (i + 1)) for i, (p, g) in enumerate(zip(prompts, got))
+        ]
+    assert session.reused_tokens > session.computed_tokens  # later turns were mostly served from the cache
+
+
+def test_subsets_new_keys_and_restarts(tiny):
+    tok = tiny.tokenizer
+    session = tiny.session()
+    sampled = SamplingParams(max_new_tokens=5, temperature=1.0, seed=11)
+    a, b = tok.encode("first conversation"), tok.encode("second one, longer than the first")
+    first = session.generate(["a", "b"], [a, b], sampled)
+    a2 = a + list(first[0].completion_ids) + tok.encode(" next")
+    c = tok.encode("a third, new conversation")
+    got = session.generate(["a", "c"], [a2, c], sampled)  # a continues, c is new, b sits this one out
+    assert all(close(g, w) for g, w in zip(got, tiny.generate([a2, c], sampled), strict=True))
+    not_a_continuation = tok.encode("something else entirely")
+    reused = session.reused_tokens
+    (restart,) = session.generate(["b"], [not_a_continuation], sampled)
+    assert session.reused_tokens == reused  # nothing reused: b started over
+    assert close(restart, tiny.generate([not_a_continuation], sampled)[0])
+    session.forget(["a", "b", "c"])
+    assert not session._conversations
