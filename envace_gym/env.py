@@ -7,8 +7,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from .domains import Domain, Task, make_domain
 from .batching import generate_batched, open_session, run_lockstep
+from .domains import Domain, Task, make_domain
 from .episode import Episode, EpisodeConfig
 from .errors import EnvACEError
 from .parsing import DEFAULT_LIMITS, Limits

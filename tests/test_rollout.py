@@ -150,7 +150,7 @@ def test_act_prompts_grow_by_appending(tiny):
                 requests = step.send(tiny.generate([r.prompt_ids for r in requests], SamplingParams(max_new_tokens=4)))
         except StopIteration:
             pass
-    for before, after in zip(prompts, prompts[1:]):
+    for before, after in zip(prompts, prompts[1:], strict=False):
         assert after[: len(before)] == before and len(after) > len(before)
     # and the text the ids decode to is the observation, i.e. the chat template's own rendering
     rendered = tiny.tokenizer.apply_chat_template(
@@ -182,5 +182,5 @@ def test_inline_rows_mask_the_scaffolding():
     masked = tok.decode([t for t, m in zip(row.completion_ids, row.mask, strict=True) if not m])
     assert "<tool_response>" in masked and "<|im_start|>assistant" in masked
     assert "<tool_response>" not in trained and "</tool_response>" in trained  # the model closes its response
-    for call, result in task.reference_pairs():
+    for _call, result in task.reference_pairs():
         assert envace_gym.episode._dump(result) in trained

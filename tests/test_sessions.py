@@ -9,7 +9,7 @@ from envace_gym.sessions import GenerationSession
 def close(a, b, tol=1e-4):
     return (
         a.completion_ids == b.completion_ids
-        and max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0) < tol
+        and max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0) < tol
     )
 
 
@@ -24,7 +24,8 @@ def test_continued_conversations_match_uncached_generation(tiny):
         want = [tiny.generate([p], greedy)[0] for p in prompts]
         assert all(close(g, w) for g, w in zip(got, want, strict=True)), turn
         prompts = [
-            p + list(g.completion_ids) + tok.encode(" more" * (i + 1)) for i, (p, g) in enumerate(zip(prompts, got))
+            p + list(g.completion_ids) + tok.encode(" more" * (i + 1))
+            for i, (p, g) in enumerate(zip(prompts, got, strict=True))
         ]
     assert session.reused_tokens > session.computed_tokens  # later turns were mostly served from the cache
 
