@@ -1,4 +1,4 @@
-"""The ``envace`` command: ``envace demo`` and ``envace domains``."""
+"""The ``envace`` command: ``envace demo``, ``envace bench`` and ``envace domains``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,24 @@ def _demo(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         rehearsal_mode=args.rehearsal_mode,
     )
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import format_table, machine_line, run_bench
+
+    sizes = dict(episodes=4, max_new_tokens=32, turns=4, turn_episodes=4, act_tokens=16) if args.quick else {}
+    for name in ("episodes", "max_new_tokens", "turns"):
+        if getattr(args, name) is not None:
+            sizes[name] = getattr(args, name)
+    measures = run_bench(
+        model=args.model, domain=args.domain, seed=args.seed, log=lambda m: print(m, flush=True), **sizes
+    )
+    table = format_table(measures, f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}")
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(table + "\n")
     return 0
 
 
@@ -64,6 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="separate: a fresh simulator prompt per call (the paper's, default); inline: the policy continues its own chat",
     )  # fmt: skip
     demo.set_defaults(func=_demo)
+
+    bench = sub.add_parser("bench", help="measure rollout speed against raw generation (ratios, side by side)")
+    bench.add_argument(
+        "--model",
+        default=None,
+        help="model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a quick look",
+    )
+    bench.add_argument("--domain", default="bank", help="domain of the rollout measures (default: bank)")
+    bench.add_argument("--episodes", type=int, default=None, help="episodes per rollout measure (default: 16)")
+    bench.add_argument(
+        "--max-new-tokens", type=int, default=None, help="token budget of Act turns and rehearsals (default: 96)"
+    )
+    bench.add_argument(
+        "--turns", type=int, default=None, help="turns of the long episodes in the turn-cost measure (default: 8)"
+    )
+    bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", default=None, help="also write the table (markdown) to this file")
+    bench.set_defaults(func=_bench)
 
     domains = sub.add_parser("domains", help="list the registered domains")
     domains.set_defaults(func=_domains)

@@ -39,6 +39,8 @@ class SamplingParams:
         top_k: Keep the ``k`` most likely tokens (``0`` disables it).
         seed: Seeds the sampler for this batch, making it reproducible; ``None`` uses torch's global RNG.
         stop: Strings that end a completion (kept, as the last tokens), besides the end-of-turn token.
+        min_new_tokens: Tokens to generate before an end-of-turn token may end the completion (the
+            recorded log-probs then exclude the end tokens, which were masked: meant for benchmarks).
     """
 
     max_new_tokens: int = 256
@@ -47,6 +49,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    min_new_tokens: int = 0
 
     def with_seed(self, seed: int | None) -> SamplingParams:
         return replace(self, seed=seed)
@@ -250,6 +253,7 @@ class TransformersPolicy:
         greedy = params.temperature <= 0
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
+            min_new_tokens=params.min_new_tokens or None,
             do_sample=not greedy,
             temperature=None if greedy else params.temperature,
             top_p=None if greedy or params.top_p >= 1.0 else params.top_p,

@@ -32,3 +32,12 @@ def test_demo_with_the_policy_acting():
 def test_errors_are_reported_not_raised(capsys):
     assert main(["demo", "--domain", "no-such-domain", "--model", "tiny", "--episodes", "1"]) == 2
     assert "unknown domain" in capsys.readouterr().err
+
+
+def test_bench_quick_on_the_tiny_model(capsys, tmp_path):
+    out = tmp_path / "table.md"
+    assert main(["bench", "--model", "tiny", "--quick", "--out", str(out)]) == 0
+    table = out.read_text()
+    for measure in ("collector vs raw generate", "naive single-env loop", "turn", "ToolRegistry.validate"):
+        assert measure in table
+    assert table.count("\n| ") >= 8  # header, separator and seven measures

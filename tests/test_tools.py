@@ -193,3 +193,77 @@ def test_registry_errors_and_export(tokenizer):
         [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], tools=tools, tokenize=False
     )
     assert '"name": "search"' in rendered and "<tools>" in rendered
+
+
+# -- the fast path agrees with jsonschema -----------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from envace_gym import make_domain  # noqa: E402
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+SYNTHETIC = ToolSchema(
+    "synthetic",
+    "",
+    {
+        "type": "object",
+        "properties": {
+            "i": {"type": "integer"},
+            "n": {"type": "number", "description": "x"},
+            "b": {"type": "boolean"},
+            "z": {"type": "null"},
+            "e": {"type": "string", "enum": ["a", "b"]},
+            "u": {"type": ["string", "integer"]},
+        },
+        "required": ["i", "e"],
+    },
+)
+SCHEMAS = [SYNTHETIC, *(t for name in ("units", "bank", "travel") for t in make_domain(name).tools)]
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    schema=st.sampled_from(SCHEMAS),
+    values=st.dictionaries(
+        st.sampled_from(
+            [
+                "i",
+                "n",
+                "b",
+                "z",
+                "e",
+                "u",
+                "value",
+                "from_unit",
+                "to_unit",
+                "amount",
+                "owner",
+                "account_id",
+                "date",
+                "cabin",
+                "extra",
+            ]
+        ),
+        json_values | st.sampled_from(["a", "b", "m", "km", "C", "economy", 1.0, 2, True]),
+    ),
+)
+def test_fast_check_agrees_with_jsonschema(schema, values):
+    assert schema._arguments_fast_check is not schema._arguments_validator.is_valid  # the fast path is in use
+    assert schema._arguments_fast_check(values) == schema._arguments_validator.is_valid(values)
+    assert (schema.validate_arguments(values) is None) == schema._arguments_validator.is_valid(values)
+
+
+def test_schemas_outside_the_fast_shape_use_jsonschema():
+    nested = ToolSchema(
+        "n", "", {"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "integer"}}}}
+    )
+    assert nested._arguments_fast_check == nested._arguments_validator.is_valid
+    assert nested.validate_arguments({"xs": [1, "2"]}).code is ErrorCode.INVALID_PARAMETERS
