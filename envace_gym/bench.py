@@ -210,11 +210,66 @@ def _validation(valid: bool, seconds: float = 1.0) -> tuple[float, float]:
 
 
 # -- the run -------------------------------------------------------------------------------------------
+@dataclass
+class _Workload:
+    label: str
+    domain: Any
+    tasks: list[Task]
+    kwargs: dict[str, Any]
+
+
+def _workloads(domain: str, episodes: int, act_turns: int, seed: int) -> list[_Workload]:
+    """Two workloads: the policy writing Act turns in multi-turn conversations (scripted user turns keep
+    them going whatever it writes), and the policy rehearsing every call of the reference solutions."""
+    chat, dom = _LongChat(), make_domain(domain)
+    return [
+        _Workload(
+            f"Act turns, {act_turns}-turn conversations",
+            chat,
+            list(chat.tasks()[:episodes]),
+            {"act": "policy", "max_turns": act_turns, "on_invalid": "feedback"},
+        ),
+        _Workload(
+            f"rehearsals of {domain} reference calls (separate mode)",
+            dom,
+            [dom.sample_task(np.random.default_rng([seed, i])) for i in range(episodes)],
+            {"act": "reference", "on_invalid": "feedback"},
+        ),
+    ]
+
+
+def _naive(
+    policy: Any, work: _Workload, act: SamplingParams, rehearse: RehearsalConfig, seed: int
+) -> tuple[int, float]:
+    """The same episodes, one single env after the other; returns (generated tokens, seconds)."""
+    from .env import RehearsalEnv
+
+    env = RehearsalEnv(
+        work.domain, policy=policy, act_sampling=act, rehearsal=rehearse,
+        on_invalid=work.kwargs["on_invalid"], max_turns=work.kwargs.get("max_turns"),
+    )  # fmt: skip
+    tokens, start = 0, time.perf_counter()
+    for i, task in enumerate(work.tasks):
+        env.reset(seed=seed + i, options={"task": task})
+        done, turn = False, 0
+        while not done:
+            if work.kwargs["act"] == "policy":
+                action = env.act()
+            else:
+                action = task.reference[turn].text if turn < len(task.reference) else "I have nothing more to do."
+            _, _, terminated, truncated, info = env.step(action)
+            tokens += sum(len(r["completion_ids"]) for r in info["rehearsals"])
+            tokens += len(info["act"]["completion_ids"]) if info["act"]["generated"] else 0
+            done, turn = terminated or truncated, turn + 1
+    return tokens, time.perf_counter() - start
+
+
 def run_bench(
     model: str | None = None,
     episodes: int = 16,
     domain: str = "bank",
-    max_new_tokens: int = 96,
+    max_new_tokens: int = 64,
+    act_turns: int = 3,
     turns: int = 8,
     turn_episodes: int = 8,
     act_tokens: int = 32,
@@ -225,73 +280,60 @@ def run_bench(
     policy = make_policy(model)
     if not isinstance(policy, TransformersPolicy):
         raise TypeError("the benchmark needs a transformers policy")
-    dom = make_domain(domain)
-    tasks = [dom.sample_task(np.random.default_rng([seed, i])) for i in range(episodes)]
     act = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
     rehearse = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=1.0)
+    workloads = _workloads(domain, episodes, act_turns, seed)
     measures: list[Measure] = []
     log("warming up (first calls load kernels and templates) ...")
-    collect_rollouts(
-        policy,
-        dom,
-        tasks[:2],
-        act_sampling=SamplingParams(max_new_tokens=4),
-        rehearsal=RehearsalConfig(max_new_tokens=4),
-    )
+    for work in workloads:
+        collect_rollouts(policy, work.domain, work.tasks[:2], act_sampling=SamplingParams(max_new_tokens=4),
+                         rehearsal=RehearsalConfig(max_new_tokens=4), **{**work.kwargs, "max_turns": 1})  # fmt: skip
 
-    for reuse in (True, False):
-        log(f"[1] collector, {episodes} {domain} episodes, KV reuse {'on' if reuse else 'off'} ...")
+    for work in workloads:
+        for reuse in (True, False):
+            log(f"[1] collector, {len(work.tasks)} episodes: {work.label}; KV reuse {'on' if reuse else 'off'} ...")
+            _reset_peak_rss()
+            recorder = _Recorder(policy)
+            start = time.perf_counter()
+            collect_rollouts(recorder, work.domain, work.tasks, act_sampling=act, rehearsal=rehearse, seed=seed,
+                             reuse_kv=reuse, **work.kwargs)  # fmt: skip
+            collector_s = time.perf_counter() - start
+            tokens = sum(sum(lengths) for _, _, lengths in recorder.calls)
+            log(f"    {tokens} tokens in {collector_s:.1f} s, {len(recorder.calls)} generate calls; replaying raw ...")
+            raw_s = _replay_raw(policy, recorder.calls)
+            measures.append(
+                Measure(
+                    f"collector vs raw generate: {work.label} (KV reuse {'on' if reuse else 'off'})",
+                    f"{tokens / collector_s:.1f} tok/s",
+                    f"{tokens / raw_s:.1f} tok/s",
+                    raw_s / collector_s,
+                    ">= 0.85",
+                    _peak_rss_mib(),
+                    f"{tokens} tokens in {len(recorder.calls)} generate calls; {collector_s:.1f} s vs {raw_s:.1f} s",
+                )
+            )
+
+    for work in workloads:
+        log(f"[2] naive loop vs collector, {len(work.tasks)} episodes: {work.label} ...")
         _reset_peak_rss()
-        recorder = _Recorder(policy)
+        naive_tokens, naive_s = _naive(policy, work, act, rehearse, seed)
         start = time.perf_counter()
-        batch = collect_rollouts(recorder, dom, tasks, act_sampling=act, rehearsal=rehearse, seed=seed, reuse_kv=reuse)
+        batch = collect_rollouts(
+            policy, work.domain, work.tasks, act_sampling=act, rehearsal=rehearse, seed=seed, **work.kwargs
+        )
         collector_s = time.perf_counter() - start
-        tokens = sum(sum(lengths) for _, _, lengths in recorder.calls)
-        log(f"    {tokens} tokens in {collector_s:.1f} s over {len(recorder.calls)} generate calls; replaying raw ...")
-        raw_s = _replay_raw(policy, recorder.calls)
+        tokens = batch.stats["act_tokens"] + batch.stats["rehearse_tokens"]
         measures.append(
             Measure(
-                f"collector vs raw generate (KV reuse {'on' if reuse else 'off'})",
+                f"collector vs naive single-env loop: {work.label}",
                 f"{tokens / collector_s:.1f} tok/s",
-                f"{tokens / raw_s:.1f} tok/s",
-                raw_s / collector_s,
-                ">= 0.85",
+                f"{naive_tokens / naive_s:.1f} tok/s",
+                (tokens / collector_s) / (naive_tokens / naive_s),
+                ">= 5",
                 _peak_rss_mib(),
-                f"{tokens} tokens, {len(recorder.calls)} calls, {len(batch.episodes)} episodes",
+                f"{len(work.tasks)} episodes; {collector_s:.1f} s vs {naive_s:.1f} s",
             )
         )
-
-    log(f"[2] naive loop: {episodes} single-env episodes, one after the other ...")
-    _reset_peak_rss()
-    from .env import RehearsalEnv
-
-    naive_tokens, start = 0, time.perf_counter()
-    env = RehearsalEnv(dom, policy=policy, act_sampling=act, rehearsal=rehearse)
-    for i, task in enumerate(tasks):
-        env.reset(seed=seed + i, options={"task": task})
-        done = False
-        while not done:
-            _, _, terminated, truncated, info = env.step(env.act())
-            naive_tokens += len(info["act"]["completion_ids"]) + sum(
-                len(r["completion_ids"]) for r in info["rehearsals"]
-            )
-            done = terminated or truncated
-    naive_s = time.perf_counter() - start
-    start = time.perf_counter()
-    batch = collect_rollouts(policy, dom, tasks, act_sampling=act, rehearsal=rehearse, seed=seed)
-    collector_s = time.perf_counter() - start
-    collector_tokens = batch.stats["act_tokens"] + batch.stats["rehearse_tokens"]
-    measures.append(
-        Measure(
-            f"collector vs naive single-env loop ({episodes} episodes)",
-            f"{collector_tokens / collector_s:.1f} tok/s",
-            f"{naive_tokens / naive_s:.1f} tok/s",
-            (collector_tokens / collector_s) / (naive_tokens / naive_s),
-            ">= 5",
-            _peak_rss_mib(),
-            f"{collector_s:.1f} s vs {naive_s:.1f} s",
-        )
-    )
 
     for reuse in (True, False):
         log(

@@ -27,7 +27,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench import format_table, machine_line, run_bench
 
-    sizes = dict(episodes=4, max_new_tokens=32, turns=4, turn_episodes=4, act_tokens=16) if args.quick else {}
+    sizes = (
+        dict(episodes=4, max_new_tokens=16, act_turns=2, turns=4, turn_episodes=4, act_tokens=16) if args.quick else {}
+    )
     for name in ("episodes", "max_new_tokens", "turns"):
         if getattr(args, name) is not None:
             sizes[name] = getattr(args, name)
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--domain", default="bank", help="domain of the rollout measures (default: bank)")
     bench.add_argument("--episodes", type=int, default=None, help="episodes per rollout measure (default: 16)")
     bench.add_argument(
-        "--max-new-tokens", type=int, default=None, help="token budget of Act turns and rehearsals (default: 96)"
+        "--max-new-tokens", type=int, default=None, help="token budget of Act turns and rehearsals (default: 64)"
     )
     bench.add_argument(
         "--turns", type=int, default=None, help="turns of the long episodes in the turn-cost measure (default: 8)"
