@@ -218,7 +218,7 @@ class _Workload:
     kwargs: dict[str, Any]
 
 
-def _workloads(domain: str, episodes: int, act_turns: int, seed: int) -> list[_Workload]:
+def _workloads(domain: str, episodes: int, rehearsal_episodes: int, act_turns: int, seed: int) -> list[_Workload]:
     """Two workloads: the policy writing Act turns in multi-turn conversations (scripted user turns keep
     them going whatever it writes), and the policy rehearsing every call of the reference solutions."""
     chat, dom = _LongChat(), make_domain(domain)
@@ -232,7 +232,7 @@ def _workloads(domain: str, episodes: int, act_turns: int, seed: int) -> list[_W
         _Workload(
             f"rehearsals of {domain} reference calls (separate mode)",
             dom,
-            [dom.sample_task(np.random.default_rng([seed, i])) for i in range(episodes)],
+            [dom.sample_task(np.random.default_rng([seed, i])) for i in range(rehearsal_episodes)],
             {"act": "reference", "on_invalid": "feedback"},
         ),
     ]
@@ -267,8 +267,9 @@ def _naive(
 def run_bench(
     model: str | None = None,
     episodes: int = 16,
+    rehearsal_episodes: int = 8,
     domain: str = "bank",
-    max_new_tokens: int = 64,
+    max_new_tokens: int = 48,
     act_turns: int = 3,
     turns: int = 8,
     turn_episodes: int = 8,
@@ -282,7 +283,7 @@ def run_bench(
         raise TypeError("the benchmark needs a transformers policy")
     act = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
     rehearse = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=1.0)
-    workloads = _workloads(domain, episodes, act_turns, seed)
+    workloads = _workloads(domain, episodes, rehearsal_episodes, act_turns, seed)
     measures: list[Measure] = []
     log("warming up (first calls load kernels and templates) ...")
     for work in workloads:

@@ -92,9 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a quick look",
     )
     bench.add_argument("--domain", default="bank", help="domain of the rollout measures (default: bank)")
-    bench.add_argument("--episodes", type=int, default=None, help="episodes per rollout measure (default: 16)")
     bench.add_argument(
-        "--max-new-tokens", type=int, default=None, help="token budget of Act turns and rehearsals (default: 64)"
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes of the Act-turn workload (default: 16; the rehearsal workload uses 8)",
+    )
+    bench.add_argument(
+        "--max-new-tokens", type=int, default=None, help="token budget of Act turns and rehearsals (default: 48)"
     )
     bench.add_argument(
         "--turns", type=int, default=None, help="turns of the long episodes in the turn-cost measure (default: 8)"

@@ -311,13 +311,7 @@ class Episode:
     ) -> Generator[list[GenerationRequest], list[Generation], None]:
         """Rehearse ``calls`` in one batch of fresh prompts; resample results that fail a ``returns`` schema."""
         cfg = self.config.rehearsal
-        history = self.messages[:-1]  # the conversation before this Act turn, which is shown raw
-        prompts: dict[str, tuple[int, ...]] = {}
-        for call in calls:
-            chat = rehearsal_messages(
-                call, self.domain.tools[call.name], self.candidates, self.reference_pairs, history, action, cfg
-            )
-            prompts[call.id] = tuple(self.encode(rehearsal_prompt(self.tokenizer, chat, cfg)))
+        prompts = {call.id: self.rehearse_prompt(call, action) for call in calls}
         budget = self.max_context - cfg.max_new_tokens
         todo = []
         for call in calls:
@@ -347,6 +341,21 @@ class Episode:
                     if error.code is ErrorCode.RESULT_SCHEMA_MISMATCH:
                         retry.append(call)
             todo = retry
+
+    def rehearse_prompt(self, call: ToolCall, action: str) -> tuple[int, ...]:
+        """The ids of the ``separate``-mode simulator prompt for ``call``, made during the Act turn ``action``
+        (the conversation before that turn is the history; the turn itself is shown raw)."""
+        history = self.messages[:-1] if self.messages[-1]["role"] == "assistant" else self.messages
+        chat = rehearsal_messages(
+            call,
+            self.domain.tools[call.name],
+            self.candidates,
+            self.reference_pairs,
+            history,
+            action,
+            self.config.rehearsal,
+        )
+        return tuple(self.encode(rehearsal_prompt(self.tokenizer, chat, self.config.rehearsal)))
 
     def _tool_turn_inline(
         self,

@@ -60,6 +60,7 @@ class EpisodeResult:
     messages: list[dict[str, Any]]
     calls: list[dict[str, Any]]
     rows: list[Row]
+    episode_row: Row  # the whole episode as one row (what `inline` trains; in `separate` mode, Act tokens marked)
     error: dict[str, Any] | None = None
 
 
@@ -207,7 +208,8 @@ def _reference_action(episode: Episode) -> str:
 def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeResult:
     info = outcome.info
     reward_masked = info.get("reward_masked", False)
-    rows = [episode.episode_row()] if episode.config.rehearsal_mode == "inline" else list(episode.rows)
+    whole = episode.episode_row()
+    rows = [whole] if episode.config.rehearsal_mode == "inline" else list(episode.rows)
     return EpisodeResult(
         index=index,
         group=group,
@@ -221,5 +223,6 @@ def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeRe
         messages=info["messages"],
         calls=[r.to_dict() for r in episode.records],
         rows=rows,
+        episode_row=whole,
         error=info.get("error"),
     )

@@ -1,0 +1,96 @@
+"""Evaluation: task success with the **real** executor, and how faithfully the policy rehearses.
+
+* **Success** (``executor="real"``): the policy acts on held-out tasks; every call is answered by the domain's
+  real tools; the domain's reward decides. This is the number that matters.
+* **Fidelity** of the Rehearse role: each task's reference solution is played (``act="reference"``) while the
+  policy rehearses every call (``separate`` mode); each rehearsed response is compared with what the real
+  executor returns for the same call in the same state. Reported: the share of rehearsals that parse
+  (``<execution_result>`` with JSON), that pass the tool's ``returns`` schema, and that equal the real
+  response (canonical JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .domains import Domain, make_domain
+from .errors import ErrorCode
+from .parsing import canonical_json
+from .policy import Policy, SamplingParams
+from .rollout import collect_rollouts
+from .simulator import RehearsalConfig
+from .tools import ToolCall
+
+
+@dataclass
+class EvalResult:
+    domain: str
+    split: str
+    episodes: int
+    success_rate: float
+    mean_reward: float
+    rehearsals: int = 0
+    parsed: float = float("nan")
+    schema_ok: float = float("nan")
+    equal_to_real: float = float("nan")
+    per_task: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate(
+    policy: Policy,
+    domain: str | Domain,
+    split: str = "test",
+    num_tasks: int = 50,
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    fidelity: bool = True,
+    seed: int = 0,
+    progress: bool = False,
+) -> EvalResult:
+    """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity."""
+    dom = make_domain(domain)
+    tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    rehearsal = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature)
+    real = collect_rollouts(policy, dom, tasks, executor="real", act_sampling=sampling, seed=seed, progress=progress)
+    rewards = [e.reward for e in real.episodes if e.reward is not None]
+    result = EvalResult(
+        domain=dom.name,
+        split=split,
+        episodes=len(real.episodes),
+        success_rate=sum(e.success for e in real.episodes) / max(1, len(real.episodes)),
+        mean_reward=sum(rewards) / max(1, len(rewards)),
+        per_task=[
+            {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns} for e in real.episodes
+        ],
+    )
+    if not fidelity:
+        return result
+    rehearsed = collect_rollouts(
+        policy, dom, tasks, executor="rehearsal", act="reference", on_invalid="feedback",
+        rehearsal=rehearsal, seed=seed, progress=progress,
+    )  # fmt: skip
+    total = parsed = schema_ok = equal = 0
+    for task, episode in zip(tasks, rehearsed.episodes, strict=True):
+        shadow = dom.make_executor(task)
+        for record in episode.calls:
+            if not record["validated"]:
+                continue
+            truth = shadow.execute(ToolCall(record["name"], record["arguments"])) if shadow is not None else None
+            if record["route"] != "rehearsal":
+                continue
+            error = record["error"]
+            code = error["code"] if error else None
+            total += 1
+            parsed += code not in (ErrorCode.INVALID_REHEARSAL.value, ErrorCode.LIMIT_EXCEEDED.value)
+            schema_ok += code is None
+            equal += code is None and canonical_json(record["result"]) == canonical_json(truth)
+    if total:
+        result.rehearsals = total
+        result.parsed, result.schema_ok, result.equal_to_real = parsed / total, schema_ok / total, equal / total
+    return result

@@ -1,0 +1,346 @@
+"""World rehearsal in TRL's ``GRPOTrainer`` (trl >= 1.16).
+
+Three ways in, from least to most EnvACE:
+
+* :func:`real_tools_environment` — an ``environment_factory`` that exposes a domain's **real** tools to TRL's
+  own tool-calling loop: standard GRPO with real tools, the baseline. Use :func:`real_tools_reward` as reward.
+* :func:`make_rollout_func` — a ``rollout_func`` that plays each prompt (a task id, already repeated G times
+  by TRL) as a world-rehearsal episode and returns one row per episode: ``inline`` mode trains Act and
+  Rehearse tokens in that row; ``separate`` mode trains the Act tokens there (the rehearsals stay context).
+  Rewards reach TRL through :func:`envace_reward` (``None`` for a verifier that could not judge: TRL masks it).
+* :class:`EnvACEGRPOTrainer` — the paper's **role-wise GRPO** in ``separate`` mode: every Act turn and every
+  rehearsal is its own row with its own prompt, and A = R - mean(R of that role in the group). It replaces
+  one hook, ``_generate_and_score_completions``; TRL's loss (clip ``epsilon``, dual-clip ``delta``, token-mean
+  ``loss_type="dapo"``, KL ``beta``), optimizer, logging and checkpoints are used as they are.
+
+The dataset of all three is built by :func:`task_dataset`: one row per task, with ``prompt`` holding the
+task id (and, for the real-tools baseline, the task's opening messages).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from accelerate.utils import gather, gather_object
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import pad, use_adapter
+
+from ..advantages import rolewise_advantages
+from ..domains import CallRecord, Domain, Task, Trajectory, make_domain
+from ..policy import SamplingParams, TransformersPolicy
+from ..rollout import RolloutBatch, collect_rollouts
+from ..simulator import RehearsalConfig
+from ..tools import ToolCall
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------
+def task_dataset(domain: str | Domain, split: str = "train", size: int | None = None, conversational: bool = False):
+    """A ``datasets.Dataset`` with one row per task: ``prompt`` (the task id, or with ``conversational`` the
+    task's system and first user message, as TRL's tool loop needs) and ``task_id``."""
+    from datasets import Dataset
+
+    dom = make_domain(domain)
+    tasks = dom.tasks(split)
+    tasks = tasks[: size if size is not None else len(tasks)]
+    rows = []
+    for task in tasks:
+        prompt: Any = task.id
+        if conversational:
+            prompt = [
+                {"role": "system", "content": task.system_prompt or dom.system_prompt},
+                {"role": "user", "content": task.prompt},
+            ]
+        rows.append({"prompt": prompt, "task_id": task.id})
+    return Dataset.from_list(rows)
+
+
+def _task_ids(prompts: Sequence[Any]) -> list[str]:
+    ids = []
+    for p in prompts:
+        if not isinstance(p, str):
+            raise ValueError("world-rehearsal rollouts need task ids as prompts: build the dataset with task_dataset()")
+        ids.append(p)
+    return ids
+
+
+def _policy_of(trainer: Any) -> TransformersPolicy:
+    """The trainer's model (the weights being trained) as a Policy; cached per trainer."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    policy = getattr(trainer, "_envace_policy", None)
+    if policy is None or policy.model is not model:
+        policy = TransformersPolicy(
+            model, trainer.processing_class, max_context=getattr(model.config, "max_position_embeddings", None)
+        )
+        trainer._envace_policy = policy
+    return policy
+
+
+def _sampling(args: Any) -> tuple[SamplingParams, RehearsalConfig]:
+    temperature = getattr(args, "temperature", 1.0)
+    top_p = getattr(args, "top_p", 1.0) or 1.0
+    tokens = getattr(args, "max_completion_length", 256) or 256
+    return (
+        SamplingParams(max_new_tokens=tokens, temperature=temperature, top_p=top_p),
+        RehearsalConfig(max_new_tokens=tokens, temperature=temperature, top_p=top_p),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# rollout_func: one row per episode
+# ----------------------------------------------------------------------------------------------------
+def envace_reward(
+    prompts: Any = None, completions: Any = None, episode_reward: Sequence[float | None] | None = None, **kwargs: Any
+) -> list[float | None]:
+    """Reward function for the ``rollout_func`` path: each episode's task-success reward, computed by the
+    domain at the end of the episode (``None``, masked by TRL, when the verifier could not judge)."""
+    if episode_reward is None:
+        raise ValueError("envace_reward needs the 'episode_reward' field that make_rollout_func returns")
+    return [None if r is None else float(r) for r in episode_reward]
+
+
+def make_rollout_func(
+    domain: str | Domain,
+    *,
+    rehearsal_mode: str = "inline",
+    executor: str = "rehearsal",
+    on_invalid: str = "terminate",
+    max_turns: int | None = None,
+):
+    """A ``rollout_func`` for ``GRPOTrainer``: each prompt (a task id) is played to the end as an EnvACE episode
+    with the model being trained; returns ``prompt_ids``, ``completion_ids``, ``logprobs``, ``env_mask`` and,
+    for the reward functions, ``episode_reward``, ``success`` and ``task_id``."""
+    dom = make_domain(domain)
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        act, rehearsal = _sampling(trainer.args)
+        batch = collect_rollouts(
+            _policy_of(trainer), dom, _task_ids(prompts), 1, executor=executor, rehearsal_mode=rehearsal_mode,
+            act_sampling=act, rehearsal=rehearsal, on_invalid=on_invalid, max_turns=max_turns,
+            seed=int(torch.randint(2**31, (1,)).item()),
+        )  # fmt: skip
+        rows = [episode.episode_row for episode in batch.episodes]
+        return {
+            "prompt_ids": [list(r.prompt_ids) for r in rows],
+            "completion_ids": [list(r.completion_ids) for r in rows],
+            "logprobs": [list(r.logprobs) for r in rows],
+            "env_mask": [list(r.mask) for r in rows],
+            "episode_reward": [e.reward for e in batch.episodes],
+            "success": [e.success for e in batch.episodes],
+            "task_id": [e.task_id for e in batch.episodes],
+        }
+
+    return rollout_func
+
+
+# ----------------------------------------------------------------------------------------------------
+# Role-wise GRPO: every generation its own row
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class EnvACEGRPOConfig(GRPOConfig):
+    """``GRPOConfig`` with the EnvACE settings; defaults follow the paper (METHOD.md).
+
+    ``scale_rewards="none"`` (A = R - mean, no std), ``delta=3.0`` (TRL's two-sided clipping caps the ratio of
+    negative-advantage tokens: the paper's dual-clip c = 3), ``loss_type="dapo"`` (token-mean over the batch).
+    ``per_device_train_batch_size`` counts episodes (tasks x ``num_generations``); the number of training rows
+    each batch yields varies with the episodes.
+    """
+
+    domain: str = field(default="bank", metadata={"help": "Domain to train on (name or folder)."})
+    rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (role-wise rows) or 'inline'."})
+    rollout_executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls in rollouts."})
+    on_invalid: str = field(default="terminate", metadata={"help": "'terminate' (reward 0) or 'feedback'."})
+    max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+    scale_rewards: str = field(default="none", metadata={"help": "No std normalization, as in the paper."})
+    delta: float | None = field(default=3.0, metadata={"help": "Dual-clip bound for negative advantages."})
+    loss_type: str = field(default="dapo", metadata={"help": "Token-mean over the batch."})
+
+
+class EnvACEGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` whose generation step plays world-rehearsal episodes and trains both roles.
+
+    Args:
+        model, args, train_dataset, processing_class, **kwargs: as for ``GRPOTrainer``; ``train_dataset``
+            defaults to :func:`task_dataset` of ``args.domain``. ``reward_funcs`` is not needed: the reward is
+            the domain's, computed at the end of each episode.
+    """
+
+    def __init__(
+        self, model: Any, args: EnvACEGRPOConfig, train_dataset: Any = None, processing_class: Any = None, **kwargs: Any
+    ) -> None:
+        self.domain = make_domain(args.domain)
+        kwargs.setdefault("reward_funcs", [envace_reward])
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=train_dataset if train_dataset is not None else task_dataset(self.domain),
+            processing_class=processing_class,
+            **kwargs,
+        )
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        device = self.accelerator.device
+        mode = "train" if self.model.training else "eval"
+        act, rehearsal = _sampling(self.args)
+        task_ids = _task_ids([x["prompt"] for x in inputs])
+        batch: RolloutBatch = collect_rollouts(
+            _policy_of(self), self.domain, task_ids, 1, executor=self.args.rollout_executor,
+            rehearsal_mode=self.args.rehearsal_mode, act_sampling=act, rehearsal=rehearsal,
+            on_invalid=self.args.on_invalid, max_turns=self.args.max_turns,
+            seed=int(torch.randint(2**31, (1,)).item()),
+        )  # fmt: skip
+        samples = [s for s in batch.samples() if s.completion_ids and any(s.mask)]
+
+        # Role-wise advantages over the whole generation batch (groups may straddle processes).
+        mine = [(batch.episodes[s.episode].task_id, s.role, s.reward) for s in samples]
+        everyone = gather_object(mine)
+        all_adv = rolewise_advantages(
+            [g for g, _, _ in everyone], [r for _, r, _ in everyone], [x for _, _, x in everyone]
+        )
+        offset = sum(len(x) for x in gather_object([mine])[: self.accelerator.process_index])
+        advantages = all_adv[offset : offset + len(mine)]
+
+        # Keep the generation batch divisible by steps_per_generation: pad with rows that train nothing.
+        steps = self.args.steps_per_generation if mode == "train" else 1
+        pad_rows = (-len(samples)) % steps
+        pad_id = self.processing_class.pad_token_id or 0
+        prompts = [list(s.prompt_ids) for s in samples] + [[pad_id]] * pad_rows
+        completions = [list(s.completion_ids) for s in samples] + [[pad_id]] * pad_rows
+        trained = [list(s.mask) for s in samples] + [[0]] * pad_rows
+        advantages = advantages + [0.0] * pad_rows
+        if not samples:  # nothing was generated (cannot happen with a non-empty batch; keep TRL's contract)
+            raise RuntimeError("the rollouts produced no training rows")
+
+        prompt_ids = pad([torch.tensor(p) for p in prompts], padding_value=pad_id, padding_side="left").to(device)
+        prompt_mask = pad(
+            [torch.ones(len(p), dtype=torch.long) for p in prompts], padding_value=0, padding_side="left"
+        ).to(device)
+        prompt_mask[len(samples) :] = 0
+        completion_ids = pad([torch.tensor(c) for c in completions], padding_value=pad_id, padding_side="right").to(
+            device
+        )
+        completion_mask = pad(
+            [torch.ones(len(c), dtype=torch.long) for c in completions], padding_value=0, padding_side="right"
+        ).to(device)
+        tool_mask = pad([torch.tensor(m, dtype=torch.long) for m in trained], padding_value=0, padding_side="right").to(
+            device
+        )
+        num_items_in_batch = gather((completion_mask * tool_mask).sum()).sum()
+
+        output: dict[str, Any] = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "tool_mask": tool_mask,
+            "advantages": torch.tensor(advantages, dtype=torch.float32, device=device),
+            "num_items_in_batch": num_items_in_batch,
+        }
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([prompt_mask, completion_mask], dim=1)
+        keep = completion_ids.size(1)
+        with torch.no_grad():
+            if self.args.gradient_accumulation_steps % (steps * self.num_iterations) != 0:
+                output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, ids, attention, keep
+                )
+            if self.beta != 0.0:
+                if self.ref_model is not None:
+                    ref, _, _ = self._get_per_token_logps_and_entropies(self.ref_model, ids, attention, keep)
+                else:
+                    unwrapped = self.accelerator.unwrap_model(self.model)
+                    with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+                        ref, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep)
+                output["ref_per_token_logps"] = ref
+
+        rewards = [e.reward for e in batch.episodes]
+        metrics = self._metrics[mode]
+        metrics["reward"].append(_mean(gather_object([r for r in rewards if r is not None])))
+        metrics["success"].append(_mean(gather_object([float(e.success) for e in batch.episodes])))
+        metrics["rows/act"].append(float(sum(gather_object([sum(s.role == "act" for s in samples)]))))
+        metrics["rows/rehearse"].append(float(sum(gather_object([sum(s.role == "rehearse" for s in samples)]))))
+        metrics["episode/turns"].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
+        return output
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The baseline: standard GRPO with the domain's real tools, in TRL's own tool loop
+# ----------------------------------------------------------------------------------------------------
+def real_tools_environment(domain: str | Domain) -> type:
+    """An ``environment_factory`` class for ``GRPOTrainer``: its public methods are the domain's real tools
+    (validated against the domain's schemas first, like in the env), run on a fresh executor per episode.
+
+    TRL's loop has no scripted users, so this fits domains whose tasks have a single user turn (``units``,
+    ``bank``). The dataset needs ``task_id`` and the conversational ``prompt`` (``task_dataset(...,
+    conversational=True)``); pair it with :func:`real_tools_reward`.
+    """
+    dom = make_domain(domain)
+    executor_class = type(dom.make_executor(dom.tasks("train")[0]))
+    offered = sorted({name for task in dom.tasks("train")[:200] for name in dom.whitelist(task)})
+
+    class RealToolsEnvironment:
+        def reset(self, task_id: str | None = None, **kwargs: Any) -> None:
+            self.task: Task = dom.task(task_id)
+            self.executor = dom.make_executor(self.task)
+            self.records: list[CallRecord] = []
+            return None
+
+        def _call(self, name: str, arguments: dict[str, Any]) -> str:
+            call = ToolCall(name, arguments, id=f"call_{len(self.records)}")
+            check = dom.tools.validate(call, dom.whitelist(self.task))
+            if not check.ok:
+                self.records.append(CallRecord(len(self.records), call, None, error=check.error))
+                return json.dumps(check.error.to_payload())
+            result = self.executor.execute(call)
+            self.records.append(CallRecord(len(self.records), call, "real", result))
+            return json.dumps(result)
+
+    for name in offered:
+        fn = executor_class.tool_functions[name]
+
+        def method(self: Any, __name: str = name, **arguments: Any) -> str:
+            return self._call(__name, arguments)
+
+        functools.update_wrapper(method, fn)  # name, docstring and signature (via __wrapped__) of the real tool
+        setattr(RealToolsEnvironment, name, method)
+    RealToolsEnvironment.__name__ = f"{dom.name.capitalize()}RealTools"
+    return RealToolsEnvironment
+
+
+def real_tools_reward(domain: str | Domain):
+    """The domain's reward for the real-tools baseline: the calls the episode's environment saw, plus the
+    final answer (the completion's last assistant message)."""
+    dom = make_domain(domain)
+
+    def reward(completions: list[Any], environments: list[Any], **kwargs: Any) -> list[float | None]:
+        out: list[float | None] = []
+        for completion, env in zip(completions, environments, strict=True):
+            answer = _final_text(completion)
+            trajectory = Trajectory(env.task, (), tuple(env.records), (answer,) if answer else ())
+            try:
+                out.append(dom.score(env.task, trajectory).score)
+            except Exception:
+                out.append(None)
+        return out
+
+    reward.__name__ = f"{dom.name}_reward"
+    return reward
+
+
+def _final_text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    for message in reversed(list(completion)):
+        if message.get("role") == "assistant" and not message.get("tool_calls") and message.get("content"):
+            return str(message["content"])
+    return ""

@@ -1,0 +1,215 @@
+"""``envace train``: one command for the three ways to train, on TRL's trainers.
+
+* ``mode="sft"``: warm start on the domain's reference trajectories, both roles (:mod:`envace_gym.sft`);
+* ``mode="rehearsal"``: EnvACE, role-wise GRPO on world-rehearsal rollouts (:class:`EnvACEGRPOTrainer`);
+* ``mode="real-tools"``: the baseline, standard GRPO with the domain's real tools in TRL's tool loop.
+
+Checkpoints (model, optimizer, scheduler and RNG states) are TRL's; ``resume=True`` continues from the last
+one in ``output_dir``. At the end the model is saved to ``output_dir/final``, the logged metrics to
+``output_dir/metrics.jsonl`` and, when matplotlib is installed, the reward and success curves to
+``output_dir/curves.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODES = ("rehearsal", "real-tools", "sft")
+
+
+@dataclass
+class TrainConfig:
+    """``envace train`` settings (a YAML file given with ``--config`` sets them too; flags win)."""
+
+    mode: str = field(default="rehearsal", metadata={"help": "rehearsal (EnvACE), real-tools (baseline GRPO) or sft."})
+    domain: str = field(default="bank", metadata={"help": "Domain to train on: a name or a folder."})
+    model: str | None = field(
+        default=None, metadata={"help": "Path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a test model."}
+    )
+    output_dir: str = field(
+        default="runs/envace", metadata={"help": "Where checkpoints, metrics and the final model go."}
+    )
+    steps: int = field(default=20, metadata={"help": "Optimizer steps (GRPO: one per batch of rollouts)."})
+    tasks_per_step: int = field(
+        default=2, metadata={"help": "Tasks per GRPO batch; each gives a group of group_size episodes."}
+    )
+    group_size: int = field(default=4, metadata={"help": "Episodes per task (the G of GRPO)."})
+    rehearsal_mode: str = field(
+        default="separate", metadata={"help": "separate (role-wise rows, the paper's) or inline."}
+    )
+    learning_rate: float = field(default=1e-5, metadata={"help": "Learning rate."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Token budget of each Act turn and rehearsal."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
+    max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+    beta: float = field(
+        default=0.0, metadata={"help": "KL coefficient against the starting model (the paper: 1e-4 or 0)."}
+    )
+    lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    sft_tasks: int = field(default=200, metadata={"help": "SFT: how many training tasks' reference trajectories."})
+    sft_epochs: float = field(default=1.0, metadata={"help": "SFT: epochs over those rows."})
+    sft_batch_size: int = field(default=4, metadata={"help": "SFT: rows per step."})
+    save_steps: int = field(default=10, metadata={"help": "Checkpoint every this many steps."})
+    logging_steps: int = field(default=1, metadata={"help": "Log every this many steps."})
+    report_to: str = field(default="none", metadata={"help": "TRL/transformers report_to: none, tensorboard, ..."})
+    resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+
+
+def _model_source(config: TrainConfig) -> tuple[str, Any]:
+    """A path TRL can load (it builds reference models from paths) and the tokenizer."""
+    from .policy import make_policy
+
+    if config.model in (None, "default"):
+        from .models import ensure_default_model
+
+        path = str(ensure_default_model())
+    elif config.model == "tiny":
+        path = str(Path(config.output_dir) / "initial_model")
+        if not Path(path, "config.json").is_file():
+            tiny = make_policy("tiny")
+            tiny.model.save_pretrained(path)
+            tiny.tokenizer.save_pretrained(path)
+    else:
+        path = config.model
+    from transformers import AutoTokenizer
+
+    return path, AutoTokenizer.from_pretrained(path)
+
+
+def _use_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _peft(config: TrainConfig) -> Any:
+    if not config.lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Run the training ``config`` describes; returns where things were written and the last metrics."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_config.json").write_text(json.dumps(asdict(config), indent=2))
+    path, tokenizer = _model_source(config)
+    common = dict(
+        output_dir=str(out),
+        max_steps=config.steps,
+        learning_rate=config.learning_rate,
+        logging_steps=config.logging_steps,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        report_to=config.report_to,
+        use_cpu=_use_cpu(),
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=config.seed,
+    )
+    if config.mode == "sft":
+        from transformers import AutoModelForCausalLM
+
+        from .sft import run_sft, sft_dataset
+
+        dataset = sft_dataset(config.domain, tokenizer, "train", config.sft_tasks)
+        trainer = run_sft(
+            AutoModelForCausalLM.from_pretrained(path), tokenizer, dataset, str(out), epochs=config.sft_epochs,
+            learning_rate=config.learning_rate, batch_size=config.sft_batch_size, lora=config.lora, lora_r=config.lora_r,
+            report_to=config.report_to, seed=config.seed, max_steps=config.steps, logging_steps=config.logging_steps,
+            save_steps=config.save_steps, resume=config.resume,
+        )  # fmt: skip
+    else:
+        from trl import GRPOConfig, GRPOTrainer
+
+        from .integrations.trl import (
+            EnvACEGRPOConfig,
+            EnvACEGRPOTrainer,
+            real_tools_environment,
+            real_tools_reward,
+            task_dataset,
+        )
+
+        grpo = dict(
+            per_device_train_batch_size=config.tasks_per_step * config.group_size,
+            num_generations=config.group_size,
+            max_completion_length=config.max_new_tokens,
+            temperature=config.temperature,
+            beta=config.beta,
+            scale_rewards="none",
+            delta=3.0,
+            loss_type="dapo",
+            **common,
+        )
+        if config.mode == "rehearsal":
+            args = EnvACEGRPOConfig(
+                domain=config.domain, rehearsal_mode=config.rehearsal_mode, max_turns=config.max_turns, **grpo
+            )
+            trainer = EnvACEGRPOTrainer(model=path, args=args, processing_class=tokenizer, peft_config=_peft(config))
+        else:
+            args = GRPOConfig(**grpo)
+            trainer = GRPOTrainer(
+                model=path,
+                reward_funcs=[real_tools_reward(config.domain)],
+                args=args,
+                train_dataset=task_dataset(config.domain, conversational=True),
+                processing_class=tokenizer,
+                environment_factory=real_tools_environment(config.domain),
+                peft_config=_peft(config),
+            )
+        trainer.train(resume_from_checkpoint=True if config.resume else None)
+    final = out / "final"
+    model = trainer.model
+    if config.lora and hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    model.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    history = list(trainer.state.log_history)
+    with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
+        for entry in history:
+            f.write(json.dumps(entry) + "\n")
+    plot = plot_curves(history, out / "curves.png", title=f"{config.mode} on {config.domain}")
+    return {
+        "final_model": str(final),
+        "metrics": str(out / "metrics.jsonl"),
+        "plot": plot,
+        "last": history[-1] if history else {},
+    }
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> str | None:
+    """Reward and success per logged step (and the loss), as a PNG; ``None`` if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    keys = [k for k in ("reward", "success", "loss") if any(k in h for h in history)]
+    if not keys:
+        return None
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2))
+    for ax, key in zip([axes] if len(keys) == 1 else axes, keys, strict=True):
+        points = [(h["step"], h[key]) for h in history if key in h and "step" in h]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        ax.set_xlabel("step")
+        ax.set_title(key)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

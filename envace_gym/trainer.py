@@ -1,0 +1,192 @@
+"""A compact, pure-torch EnvACE trainer: role-wise GRPO on world-rehearsal rollouts.
+
+Read it top to bottom against METHOD.md ("Reward and objective"):
+
+1. **Roll out** G episodes per task with the collector. The policy acts, and the *same weights* rehearse
+   every tool call (``executor="rehearsal"``); each generation becomes a training row carrying its episode's
+   task-success reward R (``separate`` mode: Act rows and Rehearse rows; ``inline`` mode: one row per episode
+   with both roles' tokens marked).
+2. **Advantages, role-wise**: A = R - mean(R over the rows of that role in the same group), no std division.
+3. **One on-policy gradient step**: the PPO clipped objective (epsilon 0.2) with dual-clip (c = 3) for
+   negative advantages, averaged over every trained token of the batch (token-mean), plus an optional
+   low-variance KL penalty (k3) against a frozen reference copy.
+
+It needs nothing but torch and the collector, which is the point: any RL loop can drive the environment.
+For TRL's trainers see :mod:`envace_gym.integrations.trl`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .advantages import rolewise_advantages
+from .domains import make_domain
+from .policy import SamplingParams, TransformersPolicy
+from .rollout import Sample, collect_rollouts
+from .simulator import RehearsalConfig
+
+
+@dataclass
+class TrainerConfig:
+    """Settings of :func:`train`; every field has a ``help`` for ``envace train --help``."""
+
+    domain: str = field(default="bank", metadata={"help": "Domain to train on (name or folder)."})
+    rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (the paper's) or 'inline'."})
+    executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls during training rollouts."})
+    steps: int = field(default=10, metadata={"help": "Gradient steps (one per batch of rollouts)."})
+    tasks_per_step: int = field(default=2, metadata={"help": "Tasks per batch (each gives one group)."})
+    group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO."})
+    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate (the paper: 1e-6 for 8B)."})
+    clip_eps: float = field(default=0.2, metadata={"help": "PPO clip range epsilon."})
+    dual_clip: float | None = field(default=3.0, metadata={"help": "Dual-clip bound c for negative advantages."})
+    kl_coef: float = field(default=0.0, metadata={"help": "Low-variance KL coefficient (the paper: 1e-4 or 0)."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Token budget of each Act turn and rehearsal."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
+    max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+    micro_batch_tokens: int = field(default=6144, metadata={"help": "Tokens per forward/backward micro-batch."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    seed: int = field(default=0, metadata={"help": "Seeds task draws and sampling."})
+
+
+def token_logprobs(model: Any, rows: Sequence[Sample], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(completion token | everything before it) at ``temperature``, for a padded batch of rows.
+
+    Returns ``(logprobs, mask)`` of shape (rows, longest completion): prompts are left-padded and
+    completions right-padded, so every completion starts at the same column.
+    """
+    device = next(model.parameters()).device
+    width_p = max(len(r.prompt_ids) for r in rows)
+    width_c = max(len(r.completion_ids) for r in rows)
+    ids = torch.zeros((len(rows), width_p + width_c), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros((len(rows), width_c))
+    for i, r in enumerate(rows):
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        ids[i, width_p - p : width_p] = torch.tensor(r.prompt_ids)
+        ids[i, width_p : width_p + c] = torch.tensor(r.completion_ids)
+        attention[i, width_p - p : width_p + c] = 1
+        mask[i, :c] = torch.tensor(r.mask, dtype=torch.float)
+    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device), logits_to_keep=width_c + 1).logits
+    logits = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)
+    targets = ids[:, width_p:].to(device)
+    return torch.log_softmax(logits, -1).gather(2, targets[..., None]).squeeze(2), mask.to(device)
+
+
+def micro_batches(items: list[Any], budget: int, size: Callable[[Any], int]) -> list[list[Any]]:
+    """Consecutive groups of items whose padded size (rows x longest) stays within ``budget`` tokens."""
+    out: list[list[Any]] = []
+    for item in sorted(items, key=size):
+        if out and (len(out[-1]) + 1) * max(size(item), *(size(x) for x in out[-1])) <= budget:
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
+
+
+def grpo_loss(
+    model: Any,
+    rows: Sequence[Sample],
+    advantages: Sequence[float],
+    config: TrainerConfig,
+    total_tokens: int,
+    reference: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped policy-gradient loss of ``rows``, divided by ``total_tokens`` (the batch's trained tokens,
+    so micro-batches add up to a token-mean). The "old" log-probs are those recorded while sampling."""
+    logp, mask = token_logprobs(model, rows, config.temperature)
+    old = torch.zeros_like(logp)
+    for i, s in enumerate(rows):
+        old[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
+    adv = torch.tensor(list(advantages), dtype=logp.dtype, device=logp.device)[:, None]
+    ratio = torch.exp(logp - old)
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - config.clip_eps, 1 + config.clip_eps) * adv)
+    if config.dual_clip is not None:  # dual-clip: bound how far a negative advantage can push
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, config.dual_clip * adv), surrogate)
+    per_token = -surrogate
+    kl_sum = 0.0
+    if reference is not None:
+        with torch.no_grad():
+            ref_logp, _ = token_logprobs(reference, rows, config.temperature)
+        kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1  # k3: the low-variance KL estimate
+        per_token = per_token + config.kl_coef * kl
+        kl_sum = float((kl * mask).sum().detach())
+    loss = (per_token * mask).sum() / max(total_tokens, 1)
+    clipped = float((((ratio - 1).abs() > config.clip_eps).float() * mask).sum().detach())
+    return loss, {"loss": float(loss.detach()), "clipped": clipped, "kl": kl_sum}
+
+
+def train(
+    policy: TransformersPolicy, config: TrainerConfig, log: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Train ``policy.model`` in place; returns one metrics dict per step (also passed to ``log``)."""
+    model, domain = policy.model, make_domain(config.domain)
+    tasks = domain.tasks("train")
+    rng = np.random.default_rng(config.seed)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_coef > 0 else None
+    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+    rehearsal = RehearsalConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+    history = []
+    for step in range(config.steps):
+        started = time.perf_counter()
+
+        # 1. Roll out: G episodes per task; the policy acts and rehearses with the same weights.
+        chosen = [tasks[int(i)] for i in rng.choice(len(tasks), size=config.tasks_per_step, replace=False)]
+        model.eval()
+        batch = collect_rollouts(
+            policy, domain, chosen, config.group_size, executor=config.executor,
+            rehearsal_mode=config.rehearsal_mode, act_sampling=sampling, rehearsal=rehearsal,
+            max_turns=config.max_turns, seed=int(rng.integers(2**31)),
+        )  # fmt: skip
+        samples = [s for s in batch.samples() if any(s.mask)]
+
+        # 2. Role-wise advantages: A = R - mean(R of the same role in the same group), no std division.
+        advantages = rolewise_advantages(
+            [s.group for s in samples], [s.role for s in samples], [s.reward for s in samples]
+        )
+        trained_tokens = sum(sum(s.mask) for s in samples if s.reward is not None)
+
+        # 3. One gradient step on the clipped objective, token-mean over the batch (masked episodes skipped).
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        totals = {"loss": 0.0, "clipped": 0.0, "kl": 0.0}
+        pairs = [(s, a) for s, a in zip(samples, advantages, strict=True) if s.reward is not None]
+        size = lambda p: len(p[0].prompt_ids) + len(p[0].completion_ids)  # noqa: E731
+        for micro in micro_batches(pairs, config.micro_batch_tokens, size):
+            loss, stats = grpo_loss(
+                model, [s for s, _ in micro], [a for _, a in micro], config, trained_tokens, reference
+            )
+            loss.backward()
+            totals = {k: totals[k] + stats[k] for k in totals}
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+        optimizer.step()
+        model.eval()
+
+        rewards = [e.reward for e in batch.episodes if e.reward is not None]
+        metrics = {
+            "step": step + 1,
+            "reward": float(np.mean(rewards)) if rewards else float("nan"),
+            "success": batch.stats["success_rate"],
+            "loss": totals["loss"],
+            "grad_norm": grad_norm,
+            "clip_fraction": totals["clipped"] / max(trained_tokens, 1),
+            "kl": totals["kl"] / max(trained_tokens, 1),
+            "rows_act": sum(s.role == "act" for s in samples),
+            "rows_rehearse": sum(s.role == "rehearse" for s in samples),
+            "trained_tokens": trained_tokens,
+            "seconds": time.perf_counter() - started,
+        }
+        history.append(metrics)
+        if log is not None:
+            log(metrics)
+    return history
+
+
+__all__ = ["TrainerConfig", "grpo_loss", "token_logprobs", "train"]
