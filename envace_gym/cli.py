@@ -1,4 +1,4 @@
-"""The ``envace`` command: ``envace demo``, ``envace bench`` and ``envace domains``."""
+"""The ``envace`` command: ``demo``, ``train``, ``eval``, ``experiment``, ``bench`` and ``domains``."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench import format_table, machine_line, run_bench
 
     sizes = (
-        dict(episodes=4, max_new_tokens=16, act_turns=2, turns=4, turn_episodes=4, act_tokens=16) if args.quick else {}
+        dict(episodes=4, rehearsal_episodes=2, max_new_tokens=16, act_turns=2, turns=4, turn_episodes=4, act_tokens=16)
+        if args.quick
+        else {}
     )
     for name in ("episodes", "max_new_tokens", "turns"):
         if getattr(args, name) is not None:
@@ -41,6 +43,51 @@ def _bench(args: argparse.Namespace) -> int:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(table + "\n")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    from .evaluate import evaluate
+    from .policy import make_policy
+
+    result = evaluate(
+        make_policy(args.model), args.domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, fidelity=not args.no_fidelity, seed=args.seed, progress=True,
+    )  # fmt: skip
+    print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, real execution")
+    print(f"  success rate       {result.success_rate:.3f}")
+    print(f"  mean reward        {result.mean_reward:.3f}")
+    if result.rehearsals:
+        print(f"  rehearsals         {result.rehearsals} (of reference calls)")
+        print(f"  parse              {result.parsed:.3f}")
+        print(f"  returns schema ok  {result.schema_ok:.3f}")
+        print(f"  equal to real      {result.equal_to_real:.3f}")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result.to_dict(), f, indent=2)
+    return 0
+
+
+def _train(argv: Sequence[str]) -> int:
+    from trl import TrlParser
+
+    from .train import TrainConfig, train
+
+    (config,) = TrlParser(TrainConfig, prog="envace train").parse_args_and_config(list(argv))
+    summary = train(config)
+    print(f"final model: {summary['final_model']}\nmetrics: {summary['metrics']}\ncurves: {summary['plot']}")
+    return 0
+
+
+def _experiment(argv: Sequence[str]) -> int:
+    from trl import TrlParser
+
+    from .experiment import ExperimentConfig, run_experiment
+
+    (config,) = TrlParser(ExperimentConfig, prog="envace experiment").parse_args_and_config(list(argv))
+    run_experiment(config)
     return 0
 
 
@@ -109,12 +156,30 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=None, help="also write the table (markdown) to this file")
     bench.set_defaults(func=_bench)
 
+    evaluate = sub.add_parser("eval", help="success rate with the real executor, and rehearsal fidelity")
+    evaluate.add_argument("--domain", default="bank")
+    evaluate.add_argument("--model", default=None, help="path or hub id; default: the embedded SmolLM2-135M")
+    evaluate.add_argument("--split", default="test", choices=["train", "test"])
+    evaluate.add_argument("--num-tasks", type=int, default=50)
+    evaluate.add_argument("--max-new-tokens", type=int, default=128)
+    evaluate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    evaluate.add_argument("--no-fidelity", action="store_true", help="skip the rehearsal-fidelity pass")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--out", default=None, help="also write the result as JSON")
+    evaluate.set_defaults(func=_eval)
+
+    sub.add_parser("train", help="train: sft, rehearsal (EnvACE) or real-tools (baseline); see 'envace train --help'")
+    sub.add_parser("experiment", help="the learning comparison behind docs/results.md; see 'envace experiment --help'")
+
     domains = sub.add_parser("domains", help="list the registered domains")
     domains.set_defaults(func=_domains)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("train", "experiment"):  # dataclass-driven, with --config YAML (TRL's parser)
+        return (_train if argv[0] == "train" else _experiment)(argv[1:])
     args = build_parser().parse_args(argv)
     from .errors import EnvACEError
 

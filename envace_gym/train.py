@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,10 @@ class TrainConfig:
     )
     lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    train_layers: int | None = field(
+        default=None,
+        metadata={"help": "Train only the top N decoder layers (and the final norm): a CPU budget option."},
+    )
     sft_tasks: int = field(default=200, metadata={"help": "SFT: how many training tasks' reference trajectories."})
     sft_epochs: float = field(default=1.0, metadata={"help": "SFT: epochs over those rows."})
     sft_batch_size: int = field(default=4, metadata={"help": "SFT: rows per step."})
@@ -85,6 +90,22 @@ def _model_source(config: TrainConfig) -> tuple[str, Any]:
     return path, AutoTokenizer.from_pretrained(path)
 
 
+def _load_model(path: str, train_layers: int | None) -> Any:
+    """The model TRL trains: a path (TRL loads it, and can build a reference copy from it), or, when only the
+    top ``train_layers`` decoder layers are trained, an instance with the rest frozen."""
+    if train_layers is None:
+        return path
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    layers = model.get_decoder().layers
+    model.requires_grad_(False)
+    for layer in layers[len(layers) - train_layers :]:
+        layer.requires_grad_(True)
+    model.get_decoder().norm.requires_grad_(True)
+    return model
+
+
 def _use_cpu() -> bool:
     import torch
 
@@ -102,6 +123,7 @@ def _peft(config: TrainConfig) -> Any:
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run the training ``config`` describes; returns where things were written and the last metrics."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    started = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(json.dumps(asdict(config), indent=2))
@@ -125,8 +147,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
         from .sft import run_sft, sft_dataset
 
         dataset = sft_dataset(config.domain, tokenizer, "train", config.sft_tasks)
+        model = _load_model(path, config.train_layers)
         trainer = run_sft(
-            AutoModelForCausalLM.from_pretrained(path), tokenizer, dataset, str(out), epochs=config.sft_epochs,
+            AutoModelForCausalLM.from_pretrained(model) if isinstance(model, str) else model, tokenizer, dataset, str(out), epochs=config.sft_epochs,
             learning_rate=config.learning_rate, batch_size=config.sft_batch_size, lora=config.lora, lora_r=config.lora_r,
             report_to=config.report_to, seed=config.seed, max_steps=config.steps, logging_steps=config.logging_steps,
             save_steps=config.save_steps, resume=config.resume,
@@ -157,11 +180,16 @@ def train(config: TrainConfig) -> dict[str, Any]:
             args = EnvACEGRPOConfig(
                 domain=config.domain, rehearsal_mode=config.rehearsal_mode, max_turns=config.max_turns, **grpo
             )
-            trainer = EnvACEGRPOTrainer(model=path, args=args, processing_class=tokenizer, peft_config=_peft(config))
+            trainer = EnvACEGRPOTrainer(
+                model=_load_model(path, config.train_layers),
+                args=args,
+                processing_class=tokenizer,
+                peft_config=_peft(config),
+            )
         else:
             args = GRPOConfig(**grpo)
             trainer = GRPOTrainer(
-                model=path,
+                model=_load_model(path, config.train_layers),
                 reward_funcs=[real_tools_reward(config.domain)],
                 args=args,
                 train_dataset=task_dataset(config.domain, conversational=True),
@@ -171,22 +199,29 @@ def train(config: TrainConfig) -> dict[str, Any]:
             )
         trainer.train(resume_from_checkpoint=True if config.resume else None)
     final = out / "final"
-    model = trainer.model
+    model = trainer.accelerator.unwrap_model(trainer.model)
     if config.lora and hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
     history = list(trainer.state.log_history)
-    with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
-        for entry in history:
-            f.write(json.dumps(entry) + "\n")
-    plot = plot_curves(history, out / "curves.png", title=f"{config.mode} on {config.domain}")
-    return {
+    plot = None
+    if trainer.accelerator.is_main_process:  # one writer under `accelerate launch`
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
+            for entry in history:
+                f.write(json.dumps(entry) + "\n")
+        plot = plot_curves(history, out / "curves.png", title=f"{config.mode} on {config.domain}")
+    summary = {
         "final_model": str(final),
         "metrics": str(out / "metrics.jsonl"),
         "plot": plot,
+        "num_processes": trainer.accelerator.num_processes,
+        "seconds": time.perf_counter() - started,
         "last": history[-1] if history else {},
     }
+    if trainer.accelerator.is_main_process:
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
 
 
 def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> str | None:

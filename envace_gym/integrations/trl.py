@@ -306,15 +306,16 @@ def real_tools_environment(domain: str | Domain) -> type:
             return json.dumps(result)
 
     for name in offered:
-        fn = executor_class.tool_functions[name]
-
-        def method(self: Any, __name: str = name, **arguments: Any) -> str:
-            return self._call(__name, arguments)
-
-        functools.update_wrapper(method, fn)  # name, docstring and signature (via __wrapped__) of the real tool
-        setattr(RealToolsEnvironment, name, method)
+        setattr(RealToolsEnvironment, name, _tool_method(name, executor_class.tool_functions[name]))
     RealToolsEnvironment.__name__ = f"{dom.name.capitalize()}RealTools"
     return RealToolsEnvironment
+
+
+def _tool_method(name: str, fn: Any) -> Any:
+    def method(self: Any, **arguments: Any) -> str:
+        return self._call(name, arguments)
+
+    return functools.update_wrapper(method, fn)  # the real tool's name, docstring and signature (via __wrapped__)
 
 
 def real_tools_reward(domain: str | Domain):

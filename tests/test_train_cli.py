@@ -1,0 +1,129 @@
+"""`envace train` / `envace eval` / `envace experiment` on the tiny model, and the TRL path on 2 CPU processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envace_gym.cli import main
+from envace_gym.testing import tiny_policy
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+SMALL = ["--domain", "units", "--steps", "1", "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "8"]
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-cli") / "model"
+    policy = tiny_policy(seed=5)
+    policy.model.save_pretrained(path)
+    policy.tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", ["sft", "rehearsal", "real-tools"])
+def test_train_modes_write_model_metrics_and_curves(tiny_path, tmp_path, mode):
+    out = tmp_path / mode
+    argv = ["train", "--mode", mode, "--model", tiny_path, "--output_dir", str(out), *SMALL, "--sft_tasks", "2"]
+    assert main(argv) == 0
+    assert (out / "final" / "config.json").is_file() and (out / "metrics.jsonl").is_file()
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["num_processes"] == 1 and summary["last"]["step"] == 1
+    assert summary["plot"] is None or Path(summary["plot"]).is_file()
+
+
+def test_train_reads_a_yaml_config_and_flags_win(tiny_path, tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        f"mode: rehearsal\nmodel: {tiny_path}\ndomain: units\nsteps: 3\ngroup_size: 2\ntasks_per_step: 1\nmax_new_tokens: 8\nrehearsal_mode: inline\n"
+    )
+    out = tmp_path / "yaml"
+    assert main(["train", "--config", str(config), "--steps", "1", "--output_dir", str(out)]) == 0
+    saved = json.loads((out / "train_config.json").read_text())
+    assert saved["steps"] == 1 and saved["rehearsal_mode"] == "inline" and saved["domain"] == "units"
+
+
+def test_resume_continues_from_the_last_checkpoint(tiny_path, tmp_path):
+    out = tmp_path / "resume"
+    base = [
+        "train",
+        "--mode",
+        "rehearsal",
+        "--model",
+        tiny_path,
+        "--output_dir",
+        str(out),
+        *SMALL[:2],
+        "--group_size",
+        "2",
+        "--tasks_per_step",
+        "1",
+        "--max_new_tokens",
+        "8",
+        "--save_steps",
+        "1",
+    ]
+    assert main([*base, "--steps", "1"]) == 0
+    assert (out / "checkpoint-1").is_dir()
+    assert main([*base, "--steps", "2", "--resume", "true"]) == 0
+    steps = [json.loads(line).get("step") for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(s for s in steps if s) == 2
+
+
+def test_eval_and_experiment_commands(tiny_path, tmp_path, capsys):
+    assert (
+        main(
+            [
+                "eval",
+                "--domain",
+                "units",
+                "--model",
+                tiny_path,
+                "--num-tasks",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--out",
+                str(tmp_path / "eval.json"),
+            ]
+        )
+        == 0
+    )
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["episodes"] == 2 and 0.0 <= result["success_rate"] <= 1.0 and result["rehearsals"] >= 1
+    results = tmp_path / "results.md"
+    argv = [
+        "experiment", "--model", tiny_path, "--domain", "units", "--output_dir", str(tmp_path / "exp"), "--seeds", "0", "1",
+        "--conditions", "base", "sft", "sft+envace-separate", "--sft_tasks", "2", "--sft_epochs", "1", "--rl_steps", "1",
+        "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "8", "--eval_tasks", "2", "--results_file", str(results),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    table = results.read_text()
+    assert "| sft+envace-separate |" in table and "envace experiment" in table
+    assert main(argv) == 0  # resumes: every stage is already done
+    assert "done before, skipped" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(
+    shutil.which("accelerate") is None and not Path(sys.executable).with_name("accelerate").exists(),
+    reason="accelerate CLI missing",
+)
+def test_trl_path_under_accelerate_with_two_cpu_processes(tiny_path, tmp_path):
+    accelerate = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
+    out = tmp_path / "ddp"
+    cmd = [
+        accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", "-m", "envace_gym.cli", "train", "--mode", "rehearsal", "--model", tiny_path,
+        "--output_dir", str(out), *SMALL,
+    ]  # fmt: skip
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["num_processes"] == 2

@@ -1,0 +1,287 @@
+"""Training with world rehearsal: advantage math, gradients from both roles, TRL paths, SFT, evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import envace_gym  # noqa: F401
+from envace_gym import make_domain
+from envace_gym.advantages import rolewise_advantages
+from envace_gym.episode import Row
+from envace_gym.evaluate import evaluate
+from envace_gym.integrations import trl as envace_trl
+from envace_gym.rollout import EpisodeResult, RolloutBatch, Sample
+from envace_gym.sft import run_sft, sft_rows
+from envace_gym.testing import ScriptedPolicy, tiny_policy
+from envace_gym.trainer import TrainerConfig, grpo_loss, train
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+CPU = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False, save_strategy="no", seed=0)
+
+
+# -- the math --------------------------------------------------------------------------------------------
+def test_rolewise_advantages_on_a_hand_made_batch():
+    groups = ["t1", "t1", "t1", "t1", "t1", "t2", "t2", "t2"]
+    roles = ["act", "act", "act", "rehearse", "rehearse", "act", "act", "episode"]
+    rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 0.5, None, 0.25]
+    got = rolewise_advantages(groups, roles, rewards)
+    # t1/act mean 2/3, t1/rehearse mean 1/2, t2/act mean 0.5 (None excluded), t2/episode alone
+    assert got == pytest.approx([1 / 3, -2 / 3, 1 / 3, 0.5, -0.5, 0.0, 0.0, 0.0])
+    with pytest.raises(ValueError):
+        rolewise_advantages([0], ["act", "act"], [1.0])
+
+
+def hand_made_rows(policy, n_per_role=2):
+    """Rows of both roles whose recorded log-probs are the model's own (an on-policy batch)."""
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for role in ("act", "rehearse"):
+        for k in range(n_per_role):
+            prompt = torch.randint(5, len(policy.tokenizer), (12 + k,), generator=gen).tolist()
+            completion = torch.randint(5, len(policy.tokenizer), (6,), generator=gen).tolist()
+            with torch.no_grad():
+                logits = policy.model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+            logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
+            rows.append(
+                Sample(role, 0, len(rows), tuple(prompt), tuple(completion), tuple(logp), (1,) * 6, float(k % 2))
+            )
+    return rows
+
+
+def test_custom_trainer_loss_gives_gradients_from_both_roles():
+    policy = tiny_policy(seed=3)
+    rows = hand_made_rows(policy)
+    advantages = rolewise_advantages([r.group for r in rows], [r.role for r in rows], [r.reward for r in rows])
+    assert sorted(set(advantages)) == [-0.5, 0.5]
+    config = TrainerConfig()
+    norms = {}
+    for role in ("act", "rehearse"):
+        policy.model.zero_grad()
+        picked = [(r, a) for r, a in zip(rows, advantages, strict=True) if r.role == role]
+        loss, stats = grpo_loss(policy.model, [r for r, _ in picked], [a for _, a in picked], config, total_tokens=24)
+        loss.backward()
+        norms[role] = sum(p.grad.norm().item() ** 2 for p in policy.model.parameters() if p.grad is not None) ** 0.5
+        assert stats["clipped"] == 0  # on-policy: every ratio is 1
+    assert norms["act"] > 0 and norms["rehearse"] > 0
+
+
+def test_dual_clip_bounds_negative_advantages():
+    policy = tiny_policy(seed=3)
+    row = hand_made_rows(policy, 1)[0]
+    stale = Sample(
+        row.role, 0, 0, row.prompt_ids, row.completion_ids, tuple(x - 5.0 for x in row.logprobs), row.mask, 0.0
+    )
+    config = TrainerConfig(dual_clip=3.0)
+    loss, _ = grpo_loss(policy.model, [stale], [-1.0], config, total_tokens=6)
+    # ratio = e^5 >> c: each token's loss is capped at c * |A| = 3
+    assert loss.item() == pytest.approx(3.0, rel=1e-4)
+    loss, _ = grpo_loss(policy.model, [stale], [-1.0], TrainerConfig(dual_clip=None), total_tokens=6)
+    assert loss.item() > 100
+
+
+@pytest.mark.parametrize("mode", ["separate", "inline"])
+def test_custom_trainer_runs_on_the_tiny_model(mode):
+    policy = tiny_policy(seed=1)
+    history = train(
+        policy,
+        TrainerConfig(domain="units", rehearsal_mode=mode, steps=2, tasks_per_step=2, group_size=2, max_new_tokens=12),
+    )
+    assert [h["step"] for h in history] == [1, 2]
+    assert all(h["trained_tokens"] > 0 and h["seconds"] > 0 for h in history)
+
+
+# -- TRL: role-wise GRPO subclass ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    policy = tiny_policy(seed=2)
+    policy.model.save_pretrained(path)
+    policy.tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def crafted_batch(policy, task_ids):
+    """A rollout batch with Act and Rehearse rows and rewards that differ within each group."""
+    rows = hand_made_rows(policy, n_per_role=len(task_ids))
+    episodes = []
+    for i, task_id in enumerate(task_ids):
+        mine = [r for r in rows if r.episode in (i, i + len(task_ids))]
+        reward = float(i % 2)
+        as_rows = [Row(r.role, r.prompt_ids, r.completion_ids, r.logprobs, r.mask) for r in mine]
+        episodes.append(
+            EpisodeResult(i, i, task_id, reward, bool(reward), True, False, 1, {}, [], [], as_rows, as_rows[0])
+        )
+    return RolloutBatch(episodes, {"success_rate": 0.5})
+
+
+def test_trl_role_wise_trainer_trains_both_roles(tiny_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    args = envace_trl.EnvACEGRPOConfig(
+        output_dir=os.path.join(os.path.dirname(tiny_path), "out"), domain="units", per_device_train_batch_size=4,
+        num_generations=2, max_completion_length=8, max_steps=1, logging_steps=1, learning_rate=1e-2, weight_decay=0.0,
+        **CPU,
+    )  # fmt: skip
+    trainer = envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args, processing_class=tokenizer)
+    policy = envace_trl._policy_of(trainer)
+    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda _p, _d, ids, *a, **k: crafted_batch(policy, ids))
+    inputs = [
+        {"prompt": "units/train/000"},
+        {"prompt": "units/train/000"},
+        {"prompt": "units/train/001"},
+        {"prompt": "units/train/001"},
+    ]
+    out = trainer._generate_and_score_completions(inputs)
+    batch = crafted_batch(policy, [x["prompt"] for x in inputs])
+    samples = batch.samples()
+    expected = rolewise_advantages(
+        [batch.episodes[s.episode].task_id for s in samples], [s.role for s in samples], [s.reward for s in samples]
+    )
+    assert out["advantages"].tolist() == pytest.approx(expected)
+    assert out["tool_mask"].sum().item() == sum(sum(s.mask) for s in samples)
+    for role in ("act", "rehearse"):  # TRL's own loss backpropagates from each role's rows
+        keep = torch.tensor([s.role == role for s in samples])
+        part = {k: (v[keep] if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in out.items()}
+        trainer.model.zero_grad()
+        trainer.compute_loss(trainer.model, part).backward()
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters()), role
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert any((p - b).abs().sum() > 0 for p, b in zip(trainer.model.parameters(), before, strict=True))
+    assert trainer.state.log_history[0]["rows/rehearse"] > 0
+
+
+def test_trl_rollout_func_path(tiny_path, tmp_path):
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=1,
+        logging_steps=1,
+        **CPU,
+    )
+    trainer = GRPOTrainer(
+        model=tiny_path, reward_funcs=[envace_trl.envace_reward], args=args, train_dataset=envace_trl.task_dataset("units"),
+        processing_class=AutoTokenizer.from_pretrained(tiny_path), rollout_func=envace_trl.make_rollout_func("units"),
+    )  # fmt: skip
+    out = envace_trl.make_rollout_func("units", rehearsal_mode="inline")(
+        ["units/train/000", "units/train/001"], trainer
+    )
+    assert len(out["prompt_ids"]) == len(out["completion_ids"]) == len(out["env_mask"]) == 2
+    assert all(
+        len(c) == len(m) == len(lp) > 0
+        for c, m, lp in zip(out["completion_ids"], out["env_mask"], out["logprobs"], strict=True)
+    )
+    assert envace_trl.envace_reward(episode_reward=[1.0, None]) == [1.0, None]
+    trainer.train()
+    assert "rewards/envace_reward/mean" in trainer.state.log_history[0]
+
+
+def test_real_tools_environment_runs_the_domain_tools(tiny_path, tmp_path):
+    from transformers.utils import get_json_schema
+
+    domain = make_domain("bank")
+    cls = envace_trl.real_tools_environment("bank")
+    assert sorted(n for n in vars(cls) if not n.startswith("_") and n != "reset") == [
+        "find_accounts",
+        "get_balance",
+        "transfer",
+    ]
+    assert get_json_schema(cls.transfer)["function"]["parameters"] == dict(domain.tools["transfer"].parameters)
+    task = domain.tasks("train")[0]
+    env = cls()
+    env.reset(task_id=task.id)
+    for turn in task.reference:
+        for call, result in zip(turn.calls, turn.results, strict=True):
+            assert json.loads(getattr(env, call.name)(**call.arguments)) == result
+    assert "error_tool_call" in json.loads(env.get_balance(account_id=3))
+    reward = envace_trl.real_tools_reward("bank")
+    final = [{"role": "assistant", "content": task.reference[-1].content}]
+    assert reward(completions=[final], environments=[env]) == [1.0]
+
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=1,
+        logging_steps=1,
+        **CPU,
+    )
+    trainer = GRPOTrainer(
+        model=tiny_path, reward_funcs=[reward], args=args, train_dataset=envace_trl.task_dataset("bank", conversational=True),
+        processing_class=AutoTokenizer.from_pretrained(tiny_path), environment_factory=cls,
+    )  # fmt: skip
+    trainer.train()
+    assert "rewards/bank_reward/mean" in trainer.state.log_history[0]
+
+
+# -- SFT and evaluation ---------------------------------------------------------------------------------------
+def test_sft_rows_hold_both_roles_exactly(tokenizer):
+    domain = make_domain("bank")
+    task = domain.tasks("train")[0]
+    rows = sft_rows(domain, tokenizer, [task])
+    acts = [r for r in rows if r["role"] == "act"]
+    rehearsals = [r for r in rows if r["role"] == "rehearse"]
+    assert len(acts) == len(task.reference) and len(rehearsals) == len(task.reference_pairs())
+
+    def completion(r):
+        return tokenizer.decode([t for t, m in zip(r["input_ids"], r["completion_mask"], strict=True) if m])
+
+    assert [completion(r) for r in acts] == [t.text + "<|im_end|>" for t in task.reference]
+    for r, (_, result) in zip(rehearsals, task.reference_pairs(), strict=True):
+        assert completion(r) == json.dumps(result) + "\n</execution_result><|im_end|>"
+        prompt = tokenizer.decode([t for t, m in zip(r["input_ids"], r["completion_mask"], strict=True) if not m])
+        assert "precise tool simulator" in prompt and prompt.endswith("<execution_result>\n")
+
+
+def test_sft_learns_the_reference(tmp_path):
+    from datasets import Dataset
+
+    policy = tiny_policy(seed=4)
+    rows = sft_rows("units", policy.tokenizer, ["units/train/000"])
+    dataset = Dataset.from_list(rows * 8)
+    trainer = run_sft(
+        policy.model,
+        policy.tokenizer,
+        dataset,
+        str(tmp_path),
+        epochs=6,
+        learning_rate=1e-2,
+        batch_size=4,
+        logging_steps=1,
+    )
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert losses[-1] < 0.6 * losses[0]
+
+
+def test_evaluate_reports_success_and_fidelity():
+    domain = make_domain("bank")
+    tasks = domain.tasks("test")[:2]
+    executors = {t.prompt: domain.make_executor(t) for t in tasks}
+
+    def respond(prompt: str) -> str:
+        if "precise tool simulator" not in prompt:
+            return "Sorry, I cannot do that."  # acts: a final answer, no call
+        task_prompt = next(p for p in executors if p in prompt)
+        line = [x for x in prompt.splitlines() if x.startswith("call: ")][-1]
+        call, _ = json.JSONDecoder().raw_decode(line[len("call: ") :])
+        result = executors[task_prompt].execute(envace_gym.ToolCall(call["name"], call["arguments"]))
+        return json.dumps(result) + "\n</execution_result>"
+
+    result = evaluate(ScriptedPolicy(respond), domain, "test", num_tasks=2)
+    assert result.episodes == 2 and result.success_rate == 0.0
+    assert result.rehearsals == sum(len(t.reference_pairs()) for t in tasks)
+    assert result.parsed == result.schema_ok == result.equal_to_real == 1.0
