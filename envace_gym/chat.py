@@ -47,6 +47,12 @@ class ChatFormat:
             raise PolicyError(f"the chat template does not end an assistant turn with {self.eos_text!r}")
         self._cut = cut + len(self.eos_text)
         self._tool_pieces: dict[int, list[str]] = {}
+        self.special_ids = frozenset(tokenizer.all_special_ids) | frozenset(
+            i for i, t in tokenizer.added_tokens_decoder.items() if t.special
+        )
+        self._special_strings = sorted(
+            {tokenizer.convert_ids_to_tokens(i) for i in self.special_ids} - {None, ""}, key=len, reverse=True
+        )
 
     @classmethod
     def of(cls, tokenizer: Any) -> ChatFormat:
@@ -65,6 +71,19 @@ class ChatFormat:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def encode_text(self, text: str) -> list[int]:
+        """Tokenize untrusted text: special-token strings in it stay plain text, so text can never open,
+        close or re-role a turn."""
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] if text else []
+
+    def neutralize(self, text: str) -> str:
+        """``text`` with every special-token string broken by a zero-width space, for untrusted text that must
+        go through a template rendering (whose output is tokenized with special tokens recognised)."""
+        for special in self._special_strings:
+            if special in text:
+                text = text.replace(special, special[:1] + "\u200b" + special[1:])
+        return text
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)

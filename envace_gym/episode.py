@@ -355,6 +355,7 @@ class Episode:
             action,
             self.config.rehearsal,
         )
+        chat[1]["content"] = self.chat.neutralize(chat[1]["content"])  # the history and the Act turn are untrusted
         return tuple(self.encode(rehearsal_prompt(self.tokenizer, chat, self.config.rehearsal)))
 
     def _tool_turn_inline(
@@ -408,6 +409,15 @@ class Episode:
     def _read_inline(self, gen: Generation, closing: str, after: str) -> tuple[str, str, ToolError | None]:
         """Split an inline rehearsal into its content and the scaffolding still to append."""
         ended_with_eos = bool(gen.completion_ids) and gen.completion_ids[-1] in self.chat.stop_ids
+        body = gen.completion_ids[:-1] if ended_with_eos else gen.completion_ids
+        if any(t in self.chat.special_ids for t in body):
+            error = ToolError(
+                ErrorCode.INVALID_REHEARSAL,
+                "the tool response contains special tokens (it may not open or close turns)",
+                {"output": gen.text[:300]},
+                source="rehearsal",
+            )
+            return gen.text, after, error
         if closing and closing in gen.text:
             cut = after.find(closing) + len(closing)
             return gen.text[: gen.text.index(closing)], after[cut:], None
@@ -448,7 +458,7 @@ class Episode:
             ids, logprobs = list(act.completion_ids), list(act.logprobs)
             self.rows.append(Row("act", prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
         else:
-            ids = self.encode(action if isinstance(action, str) else "") + [self.chat.eos_id]
+            ids = self.chat.encode_text(action if isinstance(action, str) else "") + [self.chat.eos_id]
             logprobs = [0.0] * len(ids)
         info["act"] = {
             "prompt_ids": list(prompt),
@@ -524,7 +534,9 @@ class Episode:
 
 
 def _dump(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    """A tool response as it enters the chat: JSON with ``<`` and ``>`` escaped (``\\u003c``, same value), so
+    no content, real or rehearsed, can spell a special token or a ``<tool_call>`` tag into the conversation."""
+    return json.dumps(value, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 def _overflow(length: int, budget: int) -> ToolError:
