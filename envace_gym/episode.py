@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Generator, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,6 +42,7 @@ from .policy import Generation, SamplingParams
 from .simulator import EXECUTORS, RehearsalConfig, choose_route, rehearsal_messages, rehearsal_prompt
 from .tools import ToolCall
 
+logger = logging.getLogger("envace_gym")
 ON_INVALID = ("terminate", "feedback")
 REHEARSAL_MODES = ("separate", "inline")
 
@@ -228,7 +230,8 @@ class Episode:
         self._record_act(action, act, info)
         parsed = parse_act(action, self.config.limits)
         calls = [replace(c, id=f"call_{self.turn}_{i}") for i, c in enumerate(parsed.calls)]
-        message: dict[str, Any] = {"role": "assistant", "content": action if isinstance(action, str) else ""}
+        text = action[: self.config.limits.max_action_chars] if isinstance(action, str) else ""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls and parsed.error is None:
             message["tool_calls"] = [c.to_openai() for c in calls]
         self.messages.append(message)
@@ -396,8 +399,14 @@ class Episode:
                 retry = error is not None and error.code is ErrorCode.RESULT_SCHEMA_MISMATCH
                 if not (retry and attempt < cfg.returns_resamples):
                     break  # a rejected sample is dropped from the chat; the last one stays, good or bad
-            self._append_ids(list(gen.completion_ids), gen.text, list(gen.logprobs), trained=True)
-            self.messages.append(self._tool_message(call, content.strip()))
+            if error is not None and error.details.get("special_tokens") and self.config.on_invalid == "feedback":
+                # Never let a turn-opening token into a chat that goes on: the error replaces the response.
+                self.messages.append(self._tool_message(call, error.to_payload()))
+                self._append_text(_dump(error.to_payload()))
+                rest = after
+            else:
+                self._append_ids(list(gen.completion_ids), gen.text, list(gen.logprobs), trained=True)
+                self.messages.append(self._tool_message(call, content.strip()))
             if error is None:
                 responses[call.id] = read.result
             else:
@@ -414,7 +423,7 @@ class Episode:
             error = ToolError(
                 ErrorCode.INVALID_REHEARSAL,
                 "the tool response contains special tokens (it may not open or close turns)",
-                {"output": gen.text[:300]},
+                {"output": gen.text[:300], "special_tokens": True},
                 source="rehearsal",
             )
             return gen.text, after, error
@@ -458,7 +467,10 @@ class Episode:
             ids, logprobs = list(act.completion_ids), list(act.logprobs)
             self.rows.append(Row("act", prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
         else:
-            ids = self.chat.encode_text(action if isinstance(action, str) else "") + [self.chat.eos_id]
+            text = action if isinstance(action, str) else ""
+            # An over-long action is rejected by the parser; only its head is kept in the chat, so the cost of
+            # recording it stays bounded whatever its length.
+            ids = self.chat.encode_text(text[: self.config.limits.max_action_chars]) + [self.chat.eos_id]
             logprobs = [0.0] * len(ids)
         info["act"] = {
             "prompt_ids": list(prompt),
@@ -521,6 +533,7 @@ class Episode:
         except Exception as exc:  # a verifier that fails masks the episode (None), never a silent 0
             self.reward_result = RewardResult(None, {})
             info["reward_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            logger.warning("reward of %s masked: the verifier failed (%s)", self.task.id, info["reward_error"])
         score = self.reward_result.score
         return self._outcome(0.0 if score is None else float(score), terminated, not terminated, info)
 

@@ -193,6 +193,7 @@ def collect_rollouts(
         "rehearse_tokens": rehearse_tokens,
         "mean_reward": float(np.mean([e.reward for e in done if e.reward is not None] or [0.0])),
         "success_rate": float(np.mean([e.success for e in done] or [0.0])),
+        "masked_episodes": sum(e.reward is None for e in done),  # the verifier could not judge them
         "kv_reused_tokens": getattr(session, "reused_tokens", 0),
         "kv_computed_tokens": getattr(session, "computed_tokens", 0),
     }

@@ -106,6 +106,23 @@ def _load_model(path: str, train_layers: int | None) -> Any:
     return model
 
 
+def _resume_point(out: Path) -> str | None:
+    """The newest *complete* checkpoint (the Trainer writes ``trainer_state.json`` last). A newer one cut short
+    by a crash is renamed ``incomplete-checkpoint-N`` so that nothing resumes from it."""
+    best: tuple[int, Path] | None = None
+    for path in sorted(out.glob("checkpoint-*")):
+        step = int(path.name.split("-")[-1]) if path.name.split("-")[-1].isdigit() else -1
+        if not (path / "trainer_state.json").is_file():
+            path.rename(path.with_name(f"incomplete-{path.name}"))
+        elif best is None or step > best[0]:
+            best = (step, path)
+    if best is None:
+        print(f"envace train: no complete checkpoint in {out}; starting from the beginning", flush=True)
+        return None
+    print(f"envace train: resuming from {best[1]}", flush=True)
+    return str(best[1])
+
+
 def _use_cpu() -> bool:
     import torch
 
@@ -152,7 +169,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             AutoModelForCausalLM.from_pretrained(model) if isinstance(model, str) else model, tokenizer, dataset, str(out), epochs=config.sft_epochs,
             learning_rate=config.learning_rate, batch_size=config.sft_batch_size, lora=config.lora, lora_r=config.lora_r,
             report_to=config.report_to, seed=config.seed, max_steps=config.steps, logging_steps=config.logging_steps,
-            save_steps=config.save_steps, resume=config.resume,
+            save_steps=config.save_steps, resume=(_resume_point(out) or False) if config.resume else False,
         )  # fmt: skip
     else:
         from trl import GRPOConfig, GRPOTrainer
@@ -197,7 +214,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 environment_factory=real_tools_environment(config.domain),
                 peft_config=_peft(config),
             )
-        trainer.train(resume_from_checkpoint=True if config.resume else None)
+        trainer.train(resume_from_checkpoint=_resume_point(out) if config.resume else None)
     final = out / "final"
     model = trainer.accelerator.unwrap_model(trainer.model)
     if config.lora and hasattr(model, "merge_and_unload"):

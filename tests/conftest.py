@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -22,3 +23,15 @@ def tiny():
 @pytest.fixture(scope="session")
 def tokenizer():
     return tiny_tokenizer()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With ``ENVACE_RELIABILITY_REPORT=path``, write how many fuzz cases each property test ran (for
+    docs/reliability.md)."""
+    path = os.environ.get("ENVACE_RELIABILITY_REPORT")
+    module = sys.modules.get("test_reliability")
+    if path and module is not None:
+        import json
+
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({**module.CASES, "exit_status": int(exitstatus)}, f, indent=2)

@@ -127,3 +127,46 @@ def test_trl_path_under_accelerate_with_two_cpu_processes(tiny_path, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["num_processes"] == 2
+
+
+def test_training_killed_by_sigkill_resumes_from_its_last_checkpoint(tiny_path, tmp_path):
+    import signal
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    def command(out):
+        return [
+            sys.executable, "-m", "envace_gym.cli", "train", "--mode", "rehearsal", "--model", tiny_path, "--domain",
+            "units", "--steps", "4", "--save_steps", "1", "--tasks_per_step", "1", "--group_size", "2",
+            "--max_new_tokens", "8", "--learning_rate", "1e-3", "--seed", "3", "--output_dir", str(out),
+        ]  # fmt: skip
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(command(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not (killed / "checkpoint-2" / "trainer_state.json").is_file():
+        assert proc.poll() is None and time.time() < deadline, "training ended before it could be killed"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = sorted(int(p.name.split("-")[1]) for p in killed.glob("checkpoint-*") if (p / "trainer_state.json").is_file())
+    last = saved[-1]
+    assert last < 4 and (killed / f"checkpoint-{last}" / "optimizer.pt").is_file()
+    assert (killed / f"checkpoint-{last}" / "rng_state.pth").is_file()
+
+    done = subprocess.run([*command(killed), "--resume", "true"], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming from {killed / f'checkpoint-{last}'}" in done.stdout
+    history = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    batches = {h["step"]: h["rollouts/batches_this_run"] for h in history if "rollouts/batches_this_run" in h}
+    assert batches[last + 1] == 1 and max(batches) == 4  # the resumed run began right after the checkpoint
+
+    # Model, optimizer and RNG states came back: the result equals an uninterrupted run's.
+    straight = tmp_path / "straight"
+    subprocess.run(command(straight), env=env, check=True, capture_output=True, timeout=900)
+    a = AutoModelForCausalLM.from_pretrained(killed / "final")
+    b = AutoModelForCausalLM.from_pretrained(straight / "final")
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.parameters(), b.parameters(), strict=True))

@@ -266,6 +266,9 @@ class EnvACEGRPOTrainer(GRPOTrainer):
         metrics["rows/act"].append(float(sum(gather_object([sum(s.role == "act" for s in samples)]))))
         metrics["rows/rehearse"].append(float(sum(gather_object([sum(s.role == "rehearse" for s in samples)]))))
         metrics["episode/turns"].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
+        metrics["episode/masked"].append(float(sum(gather_object([int(e.reward is None) for e in batch.episodes]))))
+        self._envace_batches = getattr(self, "_envace_batches", 0) + 1
+        metrics["rollouts/batches_this_run"].append(float(self._envace_batches))  # restarts at 1 on --resume
         return output
 
 
