@@ -96,6 +96,20 @@ class ChatFormat:
             raise PolicyError("the chat template rendered an earlier turn differently once later ones were added")
         return full[self._cut :]
 
+    @property
+    def generation_prompt(self) -> str:
+        """The text that opens an assistant turn (what ``add_generation_prompt=True`` adds)."""
+        head = self.render(_DUMMY[:2], add_generation_prompt=False)
+        return self.render(_DUMMY[:2], add_generation_prompt=True)[len(head) :]
+
+    def insertion(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """Text that adds ``messages`` after a user or tool turn, before the next generation prompt."""
+        head = self.render(_DUMMY[:2], add_generation_prompt=False)
+        full = self.render([*_DUMMY[:2], *messages], add_generation_prompt=False)
+        if not full.startswith(head):
+            raise PolicyError("the chat template rendered an earlier turn differently once later ones were added")
+        return full[len(head) :]
+
     def tool_pieces(self, n: int) -> list[str]:
         """The ``n + 1`` scaffolding pieces around ``n`` consecutive tool responses (after an assistant
         turn's end token; the last piece opens the next assistant turn)."""

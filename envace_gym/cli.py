@@ -50,23 +50,50 @@ def _eval(args: argparse.Namespace) -> int:
     import json
 
     from .evaluate import evaluate
+    from .planning import PlannerConfig
     from .policy import make_policy
 
-    result = evaluate(
-        make_policy(args.model), args.domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, fidelity=not args.no_fidelity, seed=args.seed, progress=True,
-    )  # fmt: skip
-    print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, real execution")
-    print(f"  success rate       {result.success_rate:.3f}")
-    print(f"  mean reward        {result.mean_reward:.3f}")
-    if result.rehearsals:
-        print(f"  rehearsals         {result.rehearsals} (of reference calls)")
-        print(f"  parse              {result.parsed:.3f}")
-        print(f"  returns schema ok  {result.schema_ok:.3f}")
-        print(f"  equal to real      {result.equal_to_real:.3f}")
+    policy = make_policy(args.model)
+    runs = []
+    settings = [(None, 0)] if not args.rehearse else [(m, b) for m in args.rehearse for b in args.budget]
+    for mode, budget in settings:
+        planner = None
+        if mode is not None and budget > 0:
+            planner = PlannerConfig(budget=budget, mode=mode, horizon=args.horizon, max_new_tokens=args.max_new_tokens)
+        label = "plain acting" if planner is None else f"{mode}, N={budget}"
+        if mode is not None and budget == 0 and any(r[0] == "plain acting" for r in runs):
+            continue  # N=0 is plain acting, whatever the mode
+        result = evaluate(
+            policy, args.domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, fidelity=not args.no_fidelity and not runs, planner=planner,
+            seed=args.seed, progress=True,
+        )  # fmt: skip
+        runs.append(("plain acting" if planner is None else label, result))
+    if len(runs) == 1:
+        result = runs[0][1]
+        print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, real execution")
+        print(f"  success rate       {result.success_rate:.3f}")
+        print(f"  mean reward        {result.mean_reward:.3f}")
+        if result.rehearsals:
+            print(f"  rehearsals         {result.rehearsals} (of reference calls)")
+            print(f"  parse              {result.parsed:.3f}")
+            print(f"  returns schema ok  {result.schema_ok:.3f}")
+            print(f"  equal to real      {result.equal_to_real:.3f}")
+    else:
+        print(
+            f"\n{runs[0][1].domain} / {runs[0][1].split}, {runs[0][1].episodes} episodes, real execution, model {args.model or 'default'}"
+        )
+        print(
+            "| private rehearsal | success rate | mean reward | real-executor calls | Act tokens | rehearsal tokens |"
+        )
+        print("|---|---|---|---|---|---|")
+        for label, r in runs:
+            print(
+                f"| {label} | {r.success_rate:.3f} | {r.mean_reward:.3f} | {r.real_calls} | {r.act_tokens} | {r.rehearsal_tokens} |"
+            )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result.to_dict(), f, indent=2)
+            json.dump([{"setting": label, **r.to_dict()} for label, r in runs], f, indent=2)
     return 0
 
 
@@ -165,7 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     evaluate.add_argument("--no-fidelity", action="store_true", help="skip the rehearsal-fidelity pass")
     evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--out", default=None, help="also write the result as JSON")
+    evaluate.add_argument(
+        "--rehearse", nargs="+", choices=["parallel", "sequential"], default=None,
+        help="rehearse privately before each committed Act turn (one or both modes)",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--budget", nargs="+", type=int, default=[2], help="N, rehearsals per committed turn (several: a table)"
+    )
+    evaluate.add_argument("--horizon", type=int, default=3, help="imagined Act turns per rehearsal (default: 3)")
+    evaluate.add_argument("--out", default=None, help="also write the result(s) as JSON")
     evaluate.set_defaults(func=_eval)
 
     sub.add_parser("train", help="train: sft, rehearsal (EnvACE) or real-tools (baseline); see 'envace train --help'")

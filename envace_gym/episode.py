@@ -189,6 +189,7 @@ class Episode:
         self.records: list[CallRecord] = []
         self.answers: list[str] = []
         self.done = False
+        self.scored = True  # False for imagined episodes: their outcome is for the agent to judge, not the verifier
         self.reward_result: RewardResult | None = None
 
     # -- views ----------------------------------------------------------------------------------------
@@ -201,6 +202,31 @@ class Episode:
 
     def trajectory(self) -> Trajectory:
         return Trajectory(self.task, tuple(copy.deepcopy(self.messages)), tuple(self.records), tuple(self.answers))
+
+    def fork(self, config: EpisodeConfig, rng: np.random.Generator) -> Episode:
+        """A private copy of the conversation so far, played on under ``config`` (say, every call rehearsed):
+        nothing done in it reaches this episode or its executor. It knows no future user turn (a final
+        answer ends it) and it is not scored: the verifier's view of the task is not the agent's."""
+        twin = copy.copy(self)
+        twin.config, twin.rng, twin.key = config, rng, None
+        twin.executor = None if config.executor == "rehearsal" else self.domain.make_executor(self.task)
+        twin.cache = None
+        twin.messages = copy.deepcopy(self.messages)
+        twin.prompt_ids, twin._ids, twin._logprobs, twin._mask = list(self.prompt_ids), [], [], []
+        twin.rows, twin.records, twin.answers = [], [], []  # only what happens in the copy
+        twin.pending_user_turns, twin.scored, twin.done, twin.reward_result = [], False, False, None
+        twin.max_turns = self.turn + (config.max_turns or self.max_turns)
+        return twin
+
+    def prompt_with_note(self, note: str, role: str = "system") -> tuple[list[int], str]:
+        """The next Act prompt (ids, text) with a private note inserted just before the assistant's turn;
+        the episode itself is unchanged."""
+        opening = self.chat.generation_prompt
+        tail = self.chat.encode(opening)
+        if not self.prompt_text.endswith(opening) or self.prompt_ids[-len(tail) :] != tail:
+            raise EnvACEError("the prompt does not end with the template's generation prompt")
+        insert = self.chat.insertion([{"role": role, "content": self.chat.neutralize(note)}]) + opening
+        return self.prompt_ids[: -len(tail)] + self.chat.encode(insert), self.prompt_text[: -len(opening)] + insert
 
     def episode_row(self) -> Row:
         """The whole episode as one row (``inline`` mode's training row; in ``separate`` mode, the Act
@@ -528,6 +554,9 @@ class Episode:
     def _finish(self, info: dict[str, Any], *, terminated: bool) -> StepOutcome:
         """The end: the domain's reward over the whole trajectory (also when truncated)."""
         self.done = True
+        if not self.scored:
+            self.reward_result = RewardResult(None, {})
+            return self._outcome(0.0, terminated, not terminated, info)
         try:
             self.reward_result = self.domain.score(self.task, self.trajectory())
         except Exception as exc:  # a verifier that fails masks the episode (None), never a silent 0

@@ -17,6 +17,7 @@ from typing import Any
 from .domains import Domain, make_domain
 from .errors import ErrorCode
 from .parsing import canonical_json
+from .planning import PlannerConfig, RehearsalPlanner
 from .policy import Policy, SamplingParams
 from .rollout import collect_rollouts
 from .simulator import RehearsalConfig
@@ -30,6 +31,9 @@ class EvalResult:
     episodes: int
     success_rate: float
     mean_reward: float
+    real_calls: int = 0  # calls that reached the real executor (the committed ones)
+    act_tokens: int = 0  # tokens of the committed Act turns
+    rehearsal_tokens: int = 0  # tokens spent in private rehearsal (0 without a planner)
     rehearsals: int = 0
     parsed: float = float("nan")
     schema_ok: float = float("nan")
@@ -49,15 +53,23 @@ def evaluate(
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     fidelity: bool = True,
+    planner: PlannerConfig | None = None,
     seed: int = 0,
     progress: bool = False,
 ) -> EvalResult:
-    """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity."""
+    """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
+
+    With ``planner``, every committed Act turn is written after private rehearsal (:mod:`envace_gym.planning`);
+    ``rehearsal_tokens`` and ``real_calls`` then say what the rehearsal cost and that it called no real tool.
+    """
     dom = make_domain(domain)
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     rehearsal = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature)
-    real = collect_rollouts(policy, dom, tasks, executor="real", act_sampling=sampling, seed=seed, progress=progress)
+    actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
+    real = collect_rollouts(
+        policy, dom, tasks, executor="real", act_sampling=sampling, seed=seed, progress=progress, actor=actor
+    )
     rewards = [e.reward for e in real.episodes if e.reward is not None]
     result = EvalResult(
         domain=dom.name,
@@ -68,6 +80,9 @@ def evaluate(
         per_task=[
             {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns} for e in real.episodes
         ],
+        real_calls=sum(sum(1 for c in e.calls if c["route"] == "real") for e in real.episodes),
+        rehearsal_tokens=actor.stats["rehearsal_tokens"] if actor is not None else 0,
+        act_tokens=int(real.stats["act_tokens"]),
     )
     if not fidelity:
         return result

@@ -61,6 +61,7 @@ class ToolExecutor:
 
     def __init__(self, state: Mapping[str, Any] | None = None) -> None:
         self.state: dict[str, Any] = copy.deepcopy(dict(state or {}))
+        self.calls_executed = 0  # how many calls reached the real tools (accounting, e.g. for private rehearsal)
 
     @classmethod
     def tool_schemas(cls) -> list[ToolSchema]:
@@ -77,6 +78,7 @@ class ToolExecutor:
         fn = self.tool_functions.get(call.name)
         if fn is None:
             raise KeyError(f"{type(self).__name__} has no tool {call.name!r}")
+        self.calls_executed += 1
         try:
             result = fn(self, **dict(call.arguments))
         except ToolFailure as failure:

@@ -13,7 +13,7 @@ per episode (role ``"episode"``) whose mask marks both roles' tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +103,7 @@ def collect_rollouts(
     limits: Limits = DEFAULT_LIMITS,
     seed: int = 0,
     reuse_kv: bool = True,
+    actor: Callable[..., list[Generation]] | None = None,
     progress: bool = False,
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
@@ -119,6 +120,8 @@ def collect_rollouts(
         rehearsal: The Rehearse role's settings.
         seed: Seeds the generation batches and each episode's own ``np_random``.
         reuse_kv: Keep each conversation's KV cache between turns (:mod:`envace_gym.sessions`).
+        actor: Writes the Act turns instead of one batched policy call: ``actor(episodes, rng, session, keys)``
+            returns one generation per live episode (e.g. :class:`~envace_gym.planning.RehearsalPlanner`).
         progress: Show a progress bar of finished episodes.
     """
     if act not in ACT_SOURCES:
@@ -161,8 +164,11 @@ def collect_rollouts(
     while live:
         rounds += 1
         if act == "policy":
-            prompts = [episodes[i].prompt_ids for i in live]
-            gens: list[Generation | None] = list(generate_batched(policy, prompts, act_sampling, rng, session, live))
+            if actor is not None:
+                gens: list[Generation | None] = list(actor([episodes[i] for i in live], rng, session, live))
+            else:
+                prompts = [episodes[i].prompt_ids for i in live]
+                gens = list(generate_batched(policy, prompts, act_sampling, rng, session, live))
             actions = [g.text for g in gens]  # type: ignore[union-attr]
             act_calls += 1
             act_tokens += sum(len(g.completion_ids) for g in gens)  # type: ignore[union-attr]

@@ -50,10 +50,13 @@ json_scalars = (
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=12)
 )
-json_values = st.recursive(json_scalars, lambda v: st.lists(v, max_size=3) | st.dictionaries(st.text(max_size=6), v, max_size=3), max_leaves=8)
+json_values = st.recursive(
+    json_scalars, lambda v: st.lists(v, max_size=3) | st.dictionaries(st.text(max_size=6), v, max_size=3), max_leaves=8
+)
 names = st.sampled_from([*TOOLS.names, "delete_everything", "", "transfer ", "Transfer"]) | st.text(max_size=10)
 arguments = st.dictionaries(
-    st.sampled_from(["owner", "account_id", "from_account", "to_account", "amount", "limit", "x"]) | st.text(max_size=5),
+    st.sampled_from(["owner", "account_id", "from_account", "to_account", "amount", "limit", "x"])
+    | st.text(max_size=5),
     json_values | st.sampled_from(["ACC-1001", 10.5, -3, "10", True]),
     max_size=4,
 )
@@ -80,7 +83,11 @@ def act_texts(draw) -> str:
         items = draw(st.lists(calls | json_values, max_size=3))
         return f"<tool_call>{json.dumps(items)}</tool_call>"
     if kind == 4:  # junk inside the tags, control characters
-        return "<tool_call>" + draw(st.text(alphabet=st.characters(max_codepoint=0x1F) | st.sampled_from("{}[]\":,"), max_size=30)) + "</tool_call>"
+        return (
+            "<tool_call>"
+            + draw(st.text(alphabet=st.characters(max_codepoint=0x1F) | st.sampled_from('{}[]":,'), max_size=30))
+            + "</tool_call>"
+        )
     return "</tool_call>" + draw(noise)
 
 
@@ -301,13 +308,29 @@ def play(env, seed):
 def test_same_seed_same_episode_single_and_vector():
     params = SamplingParams(max_new_tokens=12, temperature=1.0)
     rehearse = RehearsalConfig(max_new_tokens=12, temperature=1.0)
-    a = gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=tiny_policy(seed=7), act_sampling=params, rehearsal=rehearse, on_invalid="feedback")
-    b = gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=tiny_policy(seed=7), act_sampling=params, rehearsal=rehearse, on_invalid="feedback")
+    a = gym.make(
+        "EnvACE-Rehearsal-v0",
+        domain="bank",
+        policy=tiny_policy(seed=7),
+        act_sampling=params,
+        rehearsal=rehearse,
+        on_invalid="feedback",
+    )
+    b = gym.make(
+        "EnvACE-Rehearsal-v0",
+        domain="bank",
+        policy=tiny_policy(seed=7),
+        act_sampling=params,
+        rehearsal=rehearse,
+        on_invalid="feedback",
+    )
     assert play(a, 11) == play(b, 11)
     assert play(a, 11) != play(a, 12)
 
     def vector_run():
-        venv = RehearsalVectorEnv(3, "bank", policy=tiny_policy(seed=7), act_sampling=params, rehearsal=rehearse, on_invalid="feedback")
+        venv = RehearsalVectorEnv(
+            3, "bank", policy=tiny_policy(seed=7), act_sampling=params, rehearsal=rehearse, on_invalid="feedback"
+        )
         trace = [venv.reset(seed=5)[0]]
         for _ in range(2):
             obs, rewards, *_ = venv.step(venv.act())
@@ -341,6 +364,8 @@ def test_failed_verifier_is_masked_counted_and_logged(caplog):
         *_, reward, terminated, truncated, info = env.step("An answer.")
     assert terminated and info["reward_masked"] and "judge is down" in info["reward_error"] and reward == 0.0
     assert any("masked" in r.message for r in caplog.records)
-    batch = collect_rollouts(ScriptedPolicy(["A.", "B."]), BrokenJudgeDomain(), ["broken-judge/train/000", "broken-judge/train/001"])
+    batch = collect_rollouts(
+        ScriptedPolicy(["A.", "B."]), BrokenJudgeDomain(), ["broken-judge/train/000", "broken-judge/train/001"]
+    )
     assert batch.stats["masked_episodes"] == 2 and batch.rewards == [None, None]
     assert all(s.reward is None for s in batch.samples())

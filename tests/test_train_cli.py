@@ -152,7 +152,9 @@ def test_training_killed_by_sigkill_resumes_from_its_last_checkpoint(tiny_path, 
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    saved = sorted(int(p.name.split("-")[1]) for p in killed.glob("checkpoint-*") if (p / "trainer_state.json").is_file())
+    saved = sorted(
+        int(p.name.split("-")[1]) for p in killed.glob("checkpoint-*") if (p / "trainer_state.json").is_file()
+    )
     last = saved[-1]
     assert last < 4 and (killed / f"checkpoint-{last}" / "optimizer.pt").is_file()
     assert (killed / f"checkpoint-{last}" / "rng_state.pth").is_file()

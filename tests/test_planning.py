@@ -1,0 +1,88 @@
+"""Test-time private rehearsal: privacy (no real calls), the memory reaches the committed turn, N=0 is plain acting."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import envace_gym  # noqa: F401
+from envace_gym import SamplingParams, ToolCall, make_domain
+from envace_gym.planning import ASSESS_SYSTEM, PlannerConfig, PrivateRehearsal, RehearsalPlanner
+from envace_gym.rollout import collect_rollouts
+from envace_gym.testing import ScriptedPolicy
+
+TASK = make_domain("bank").tasks("train")[0]
+OWNER = TASK.reference[0].calls[0].arguments["owner"]
+
+
+def responder(prompt: str) -> str:
+    """Acts: one call, then a final answer once a tool has answered. Rehearses and assesses on cue."""
+    if "precise tool simulator" in prompt:
+        return '{"owner": "someone", "accounts": []}\n</execution_result>'
+    if ASSESS_SYSTEM[:40] in prompt:
+        return "The lookup found nothing; ask again with the full name. Verdict: revise"
+    if "<tool_response>" in prompt:
+        return "Your accounts are listed above."
+    return ToolCall("find_accounts", {"owner": OWNER}).to_text()
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+@pytest.mark.parametrize("budget", [0, 1, 2, 3])
+def test_the_real_executor_runs_each_committed_call_once(mode, budget):
+    policy = ScriptedPolicy(responder)
+    env = gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=policy, executor="real")
+    agent = PrivateRehearsal(env, PlannerConfig(budget=budget, mode=mode, horizon=2))
+    agent.reset(options={"task": TASK.id})
+    committed_calls, done = 0, False
+    while not done:
+        action = agent.act()
+        committed_calls += action.count("<tool_call>")
+        _, _, terminated, truncated, info = agent.step(action)
+        done = terminated or truncated
+    accounting = info["private_rehearsal"]
+    assert committed_calls == 1 and accounting["real_calls"] == 1  # rehearsals added no real call
+    assert env.unwrapped.episode.executor.calls_executed == 1
+    assert (accounting["rehearsal_tokens"] > 0) == (budget > 0)
+    assert agent.planner.stats["rehearsals"] == 2 * budget  # two committed turns, N rehearsals each
+
+
+def test_the_memory_reaches_the_committed_prompt():
+    policy = ScriptedPolicy(responder)
+    env = gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=policy, executor="real")
+    agent = PrivateRehearsal(env, PlannerConfig(budget=2, mode="sequential", horizon=2))
+    agent.reset(options={"task": TASK.id})
+    agent.act()
+    committed = policy.prompts[-1]
+    assert "Rehearsal memory (private" in committed and "Verdict: revise" in committed
+    assert "Rehearsal 1:" in committed and "Rehearsal 2:" in committed
+    assert f'find_accounts({{"owner": "{OWNER}"}})' in committed
+    second = [p for p in policy.prompts if "Rehearsal 1:" in p and ASSESS_SYSTEM[:40] not in p]
+    assert second, "in sequential mode, rehearsal 2 starts from rehearsal 1 and its assessment"
+    # the memory is private: the real conversation never holds it
+    assert "Rehearsal memory" not in env.unwrapped.episode.prompt_text
+    # and imagined rehearsals never see the task's reference results
+    rehearse_prompts = [p for p in policy.prompts if "precise tool simulator" in p]
+    assert rehearse_prompts and all("Reference executions" not in p for p in rehearse_prompts)
+
+
+def test_budget_zero_is_plain_acting(tiny):
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    kwargs = dict(executor="real", act_sampling=params, seed=4)
+    plain = collect_rollouts(tiny, "bank", ["bank/000", "bank/001"], **kwargs)
+    planned = collect_rollouts(
+        tiny, "bank", ["bank/000", "bank/001"], actor=RehearsalPlanner(tiny, PlannerConfig(budget=0), params), **kwargs
+    )
+    assert [e.messages for e in plain.episodes] == [e.messages for e in planned.episodes]
+
+
+def test_rehearsals_of_many_episodes_are_batched():
+    policy = ScriptedPolicy(responder)
+    sizes = []
+    original = policy.generate
+    policy.generate = lambda prompts, params: sizes.append(len(prompts)) or original(prompts, params)
+    planner = RehearsalPlanner(policy, PlannerConfig(budget=2, mode="parallel", horizon=2))
+    batch = collect_rollouts(policy, "bank", [TASK.id] * 3, executor="real", actor=planner)
+    assert all(e.turns == 2 for e in batch.episodes)
+    # per committed turn: imagined Act turns of 3 episodes x 2 rehearsals in one call, their rehearsals in one,
+    # the assessments in one, the committed turns in one; never one call per episode
+    assert max(sizes) == 6 and sizes.count(1) == 0
