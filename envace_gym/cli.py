@@ -93,7 +93,8 @@ def _eval(args: argparse.Namespace) -> int:
             )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump([{"setting": label, **r.to_dict()} for label, r in runs], f, indent=2)
+            records = [{"setting": label, **r.to_dict()} for label, r in runs]
+            json.dump(records[0] if len(records) == 1 else records, f, indent=2)
     return 0
 
 

@@ -172,3 +172,17 @@ def test_training_killed_by_sigkill_resumes_from_its_last_checkpoint(tiny_path, 
     a = AutoModelForCausalLM.from_pretrained(killed / "final")
     b = AutoModelForCausalLM.from_pretrained(straight / "final")
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_eval_with_private_rehearsal_prints_a_table(tiny_path, tmp_path, capsys):
+    out = tmp_path / "planning.json"
+    argv = [
+        "eval", "--domain", "units", "--model", tiny_path, "--num-tasks", "2", "--max-new-tokens", "8", "--no-fidelity",
+        "--rehearse", "parallel", "sequential", "--budget", "0", "1", "--horizon", "1", "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| plain acting |" in table and "| parallel, N=1 |" in table and "| sequential, N=1 |" in table
+    records = json.loads(out.read_text())
+    assert [r["setting"] for r in records] == ["plain acting", "parallel, N=1", "sequential, N=1"]
+    assert records[0]["rehearsal_tokens"] == 0 < records[1]["rehearsal_tokens"]
