@@ -34,6 +34,8 @@ def generate_batched(
         params = params.with_seed(int(rng.integers(2**31)))
     if session is not None and keys is not None:
         return session.generate(list(keys), [list(p) for p in prompts], params)
+    if session is not None:  # fresh prompts: the session still shares their common prefix
+        return session.generate_fresh([list(p) for p in prompts], params)
     return policy.generate([list(p) for p in prompts], params)
 
 
@@ -44,11 +46,10 @@ def fulfil(
     out: list[Generation | None] = [None] * len(requests)
     groups: dict[tuple[SamplingParams, bool], list[int]] = {}
     for i, request in enumerate(requests):
-        keyed = session is not None and request.key is not None
-        groups.setdefault((replace(request.params, seed=None), keyed), []).append(i)
+        groups.setdefault((replace(request.params, seed=None), request.key is not None), []).append(i)
     for (params, keyed), indices in groups.items():
         prompts = [requests[i].prompt_ids for i in indices]
-        keys = [requests[i].key for i in indices] if keyed else None
+        keys = [requests[i].key for i in indices] if keyed and session is not None else None
         for i, gen in zip(indices, generate_batched(policy, prompts, params, rng, session, keys), strict=True):
             out[i] = gen
     return out  # type: ignore[return-value]

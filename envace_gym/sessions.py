@@ -15,14 +15,27 @@ turn, continuous batching 57 / 35 / 41 s (its CPU attention is dense over all re
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .policy import Generation, SamplingParams, TransformersPolicy
+
+MIN_SHARED_PREFIX = 32  # shorter shared prefixes are not worth a separate forward pass
+
+
+def _common_prefix(sequences: Sequence[Sequence[int]]) -> list[int]:
+    first = sequences[0]
+    n = min(len(s) for s in sequences)
+    for i in range(n):
+        if any(s[i] != first[i] for s in sequences):
+            return list(first[:i])
+    return list(first[:n])
 
 
 @dataclass
@@ -40,9 +53,12 @@ class GenerationSession:
     ``reused_tokens`` / ``computed_tokens`` count prompt tokens served from the cache vs encoded.
     """
 
-    def __init__(self, policy: TransformersPolicy) -> None:
+    def __init__(self, policy: TransformersPolicy, prefix_cache_size: int = 8) -> None:
         self.policy = policy
         self._conversations: dict[Hashable, _Conversation] = {}
+        self._prefixes: OrderedDict[tuple[int, ...], _Conversation] = OrderedDict()
+        self._last_fresh: list[int] = []
+        self.prefix_cache_size = prefix_cache_size
         self.reused_tokens = 0
         self.computed_tokens = 0
         probe = DynamicCache(config=policy.model.config)
@@ -57,6 +73,7 @@ class GenerationSession:
 
     def clear(self) -> None:
         self._conversations.clear()
+        self._prefixes.clear()
 
     def generate(
         self, keys: Sequence[Hashable], prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -75,8 +92,6 @@ class GenerationSession:
     def _generate_batch(
         self, keys: Sequence[Hashable], prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
-        policy = self.policy
-        policy.check_fits(prompts, params)
         rows = []
         for key, prompt in zip(keys, prompts, strict=True):
             conv = self._conversations.get(key)
@@ -84,11 +99,88 @@ class GenerationSession:
             if conv is None or len(prompt) <= len(conv.ids) or prompt[: len(conv.ids)] != conv.ids:
                 conv = _Conversation()  # new, or not a continuation: start over
             rows.append((conv, prompt[len(conv.ids) :]))
+        gens, cache, layout = self._run(rows, prompts, params)
+        for r, ((conv, suffix), gen, key) in enumerate(zip(rows, gens, keys, strict=True)):
+            kept = min(len(gen.completion_ids), cache.get_seq_length() - layout[0] - layout[1])  # last token uncached
+            columns = self._columns(layout, len(conv.ids), len(suffix), kept)
+            self._conversations[key] = _Conversation(
+                conv.ids + suffix + list(gen.completion_ids[:kept]),
+                [(layer.keys[r][:, columns].clone(), layer.values[r][:, columns].clone()) for layer in cache.layers],
+            )
+        return gens
+
+    def generate_fresh(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Generate from prompts that continue no conversation (``separate``-mode rehearsals), encoding the
+        prefix they share (the simulator's system prompt and the tools, often the references too) once.
+
+        The shared prefix is the longest common prefix of the batch and of the last fresh prompt seen, so a
+        header that repeats from call to call is found even one prompt at a time. Its keys/values are kept in
+        a small LRU cache (``prefix_cache_size`` entries); any cached sequence that begins the same way lends
+        those columns, so only what is new is computed.
+        """
+        if not self.supported:
+            return self.policy.generate(prompts, params)
+        out: list[Generation] = []
+        size = self.policy.max_batch_size
+        for start in range(0, len(prompts), size):
+            out += self._fresh_batch([list(p) for p in prompts[start : start + size]], params)
+        return out
+
+    def _fresh_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        shared = _common_prefix(prompts + ([self._last_fresh] if self._last_fresh else []))
+        shared = shared[: min(len(p) for p in prompts) - 1]  # every row keeps at least one token to encode
+        self._last_fresh = prompts[-1]
+        if len(shared) < MIN_SHARED_PREFIX:
+            return self.policy.generate(prompts, params)
+        prefix = self._prefix(shared)
+        gens, _, _ = self._run([(prefix, p[len(shared) :]) for p in prompts], prompts, params)
+        return gens
+
+    def _prefix(self, ids: list[int]) -> _Conversation:
+        """Keys/values of ``ids`` (a batch of one): from the LRU cache, where any cached sequence sharing a
+        beginning with ``ids`` lends those columns; only the rest is computed."""
+        key = tuple(ids)
+        if key in self._prefixes:
+            self._prefixes.move_to_end(key)
+            return self._prefixes[key]
+        lent, donor = 0, None
+        for conv in self._prefixes.values():
+            n = len(_common_prefix([conv.ids, ids]))
+            if n > lent:
+                lent, donor = n, conv
+        base = _Conversation()
+        if donor is not None:
+            base = _Conversation(ids[:lent], [(k[:, :lent], v[:, :lent]) for k, v in donor.kv])
+        if lent < len(ids):
+            cache = self._stack([base], lent) if lent else DynamicCache(config=self.policy.model.config)
+            with torch.inference_mode():
+                device = self.policy.device
+                self.policy.model(
+                    input_ids=torch.tensor([ids[lent:]], device=device),
+                    attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=device),
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            self.computed_tokens += len(ids) - lent
+            base = _Conversation(
+                list(ids), [(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers]
+            )
+        self._prefixes[key] = base
+        while len(self._prefixes) > self.prefix_cache_size:
+            self._prefixes.popitem(last=False)
+        return base
+
+    def _run(
+        self, rows: list[tuple[_Conversation, list[int]]], prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> tuple[list[Generation], Any, tuple[int, int]]:
+        """One generate call over rows laid out as ``[left pad][cached ids][pad][new ids]``."""
+        policy = self.policy
+        policy.check_fits(prompts, params)
         cached = max(len(c.ids) for c, _ in rows)
         fresh = max(len(s) for _, s in rows)
-        batch = len(rows)
-        input_ids = torch.full((batch, cached + fresh), policy.pad_id, dtype=torch.long)
-        attention = torch.zeros((batch, cached + fresh), dtype=torch.long)
+        input_ids = torch.full((len(rows), cached + fresh), policy.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), cached + fresh), dtype=torch.long)
         for r, (conv, suffix) in enumerate(rows):
             n = len(conv.ids)
             if n:
@@ -100,22 +192,19 @@ class GenerationSession:
         self.computed_tokens += sum(len(s) for _, s in rows)
         cache = self._stack([c for c, _ in rows], cached) if cached else None
         gens, cache = policy.run(input_ids, attention, prompts, params, cache)
-        total = cache.get_seq_length()  # the last generated token is never in the cache
-        for r, ((conv, suffix), gen, key) in enumerate(zip(rows, gens, keys, strict=True)):
-            n = len(conv.ids)
-            kept = min(len(gen.completion_ids), total - cached - fresh)
-            columns = torch.cat(
-                [
-                    torch.arange(cached - n, cached),
-                    torch.arange(cached + fresh - len(suffix), cached + fresh),
-                    torch.arange(cached + fresh, cached + fresh + kept),
-                ]
-            )
-            self._conversations[key] = _Conversation(
-                conv.ids + suffix + list(gen.completion_ids[:kept]),
-                [(layer.keys[r][:, columns].clone(), layer.values[r][:, columns].clone()) for layer in cache.layers],
-            )
-        return gens
+        return gens, cache, (cached, fresh)
+
+    @staticmethod
+    def _columns(layout: tuple[int, int], n: int, suffix: int, kept: int) -> torch.Tensor:
+        """The columns of a row's real tokens in the batch layout: cached ids, new ids, generated ids."""
+        cached, fresh = layout
+        return torch.cat(
+            [
+                torch.arange(cached - n, cached),
+                torch.arange(cached + fresh - suffix, cached + fresh),
+                torch.arange(cached + fresh, cached + fresh + kept),
+            ]
+        )
 
     def _stack(self, convs: list[_Conversation], width: int) -> DynamicCache:
         """One batched cache, each conversation's keys/values right-aligned in ``width`` columns."""
