@@ -186,3 +186,13 @@ def test_eval_with_private_rehearsal_prints_a_table(tiny_path, tmp_path, capsys)
     records = json.loads(out.read_text())
     assert [r["setting"] for r in records] == ["plain acting", "parallel, N=1", "sequential, N=1"]
     assert records[0]["rehearsal_tokens"] == 0 < records[1]["rehearsal_tokens"]
+
+
+def test_lora_and_tensorboard(tiny_path, tmp_path):
+    out = tmp_path / "lora"
+    argv = ["train", "--mode", "sft", "--model", tiny_path, "--output_dir", str(out), "--domain", "units", "--sft_tasks", "2",
+            "--steps", "2", "--lora", "true", "--lora_r", "4", "--report_to", "tensorboard"]  # fmt: skip
+    assert main(argv) == 0
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert "quantization_config" not in config and not (out / "final" / "adapter_config.json").exists()  # merged
+    assert list(out.rglob("events.out.tfevents.*")), "tensorboard wrote no event file"
