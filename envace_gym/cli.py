@@ -121,11 +121,15 @@ def _experiment(argv: Sequence[str]) -> int:
 
 def _domains(args: argparse.Namespace) -> int:
     from .domains import list_domains, make_domain
+    from .errors import EnvACEError
 
     for name in list_domains():
-        domain = make_domain(name)
-        sizes = ", ".join(f"{len(domain.tasks(s))} {s}" for s in ("train", "test"))
-        print(f"{name:8s} {len(domain.tools):2d} tools, {sizes} tasks  {domain.description}")
+        try:
+            domain = make_domain(name)
+            sizes = ", ".join(f"{len(domain.tasks(s))} {s}" for s in ("train", "test"))
+            print(f"{name:8s} {len(domain.tool_names()):3d} tools, {sizes} tasks  {domain.description}")
+        except EnvACEError as exc:  # a benchmark family whose data is not installed
+            print(f"{name:8s} not available: {exc}")
     return 0
 
 

@@ -84,8 +84,11 @@ class Task:
     system_prompt: str | None = None
 
     def reference_pairs(self) -> list[tuple[ToolCall, Any]]:
-        """Every reference call with its real result, in order."""
-        return [(c, r) for turn in self.reference for c, r in zip(turn.calls, turn.results, strict=True)]
+        """Every reference call with its real result, in order (calls whose result is unknown, ``None``, as
+        in benchmarks that only judge the calls, are left out)."""
+        return [
+            (c, r) for turn in self.reference for c, r in zip(turn.calls, turn.results, strict=True) if r is not None
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (nothing shared with the task)."""
@@ -176,6 +179,7 @@ class CallRecord:
     route: str | None  # "real", "cache", "rehearsal"; None when it failed before routing
     result: Any = None
     error: ToolError | None = None
+    user_turn: int = 1  # which user turn the call answers (multi-turn rewards check turn by turn)
 
     @property
     def validated(self) -> bool:
@@ -192,6 +196,7 @@ class CallRecord:
             "result": self.result,
             "error": self.error.to_dict() if self.error else None,
             "validated": self.validated,
+            "user_turn": self.user_turn,
         }
 
 
@@ -334,8 +339,16 @@ class Domain:
             raise DomainError(f"domain {self.name!r} has no {split!r} tasks")
         return tasks[int(rng.integers(len(tasks)))]
 
+    def tool_names(self) -> list[str]:
+        """Every tool name the domain's tasks may offer."""
+        return self.tools.names
+
+    def tools_for(self, task: Task) -> ToolRegistry:
+        """The registry ``task``'s calls are validated against (the domain's, unless tasks bring their own)."""
+        return self.tools
+
     def whitelist(self, task: Task) -> tuple[str, ...]:
-        return task.tools or tuple(self.tools.names)
+        return task.tools or tuple(self.tools_for(task).names)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -525,13 +538,16 @@ def make_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
         return FolderDomain(domain)
     if not isinstance(domain, str):
         raise DomainError(f"domain must be a name, a folder or a Domain, got {type(domain).__name__}")
-    factory = _FACTORIES.get(domain)
+    factory, argument = _FACTORIES.get(domain), None
+    if factory is None and ":" in domain:  # "bfcl:parallel", "tau2:retail": a family and one of its members
+        family, _, argument = domain.partition(":")
+        factory = _FACTORIES.get(family)
     if factory is None:
         raise DomainError(f"unknown domain {domain!r}; registered: {list_domains()} (or pass a folder path)")
     if isinstance(factory, str):
         module, _, attr = factory.partition(":")
         factory = getattr(importlib.import_module(module), attr)
-    built = factory(**kwargs)
+    built = factory(argument, **kwargs) if argument is not None else factory(**kwargs)
     if not isinstance(built, Domain):
         raise DomainError(f"the factory of domain {domain!r} returned {type(built).__name__}, not a Domain")
     return built

@@ -137,7 +137,7 @@ class RehearsalEnv(gym.Env[str, str]):
         self._policy: Policy | None = None
         self.reuse_kv = reuse_kv
         self._session: Any = None
-        self.action_space = ActText(self.config.limits.max_action_chars, tuple(self.domain.tools.names))
+        self.action_space = ActText(self.config.limits.max_action_chars, tuple(self.domain.tool_names()))
         self.observation_space = AnyText(MAX_OBSERVATION_CHARS)
         self._episode: Episode | None = None
         self._act_generation: Generation | None = None

@@ -159,9 +159,10 @@ class Episode:
         self.domain, self.task, self.config, self.tokenizer, self.rng = domain, task, config, tokenizer, rng
         self.max_context, self.act_max_new_tokens, self.key = max_context, act_max_new_tokens, key
         self.chat = ChatFormat.of(tokenizer)
+        self.registry = domain.tools_for(task)  # most domains share one registry; BFCL tasks bring their own
         self.whitelist = domain.whitelist(task)
-        self.tools_openai = domain.tools.to_openai(self.whitelist)
-        self.candidates = [domain.tools[n] for n in self.whitelist]
+        self.tools_openai = self.registry.to_openai(self.whitelist)
+        self.candidates = [self.registry[n] for n in self.whitelist]
         self.executor = None
         if config.executor in ("real", "mixed"):
             self.executor = domain.make_executor(task)
@@ -264,7 +265,7 @@ class Episode:
         info["tool_calls"] = [c.to_json() for c in calls]
 
         if parsed.error is not None:  # a malformed turn: nothing of it is executed
-            self.records.append(CallRecord(self.turn, None, None, error=parsed.error))
+            self.records.append(CallRecord(self.turn, None, None, error=parsed.error, user_turn=self.user_turns))
             self._add_messages([{"role": "tool", "name": "", "content": _dump(parsed.error.to_payload())}])
             return self._after_errors([parsed.error], info)
 
@@ -279,11 +280,13 @@ class Episode:
         # Validate every call before answering any: an invalid call ends the turn cheaply.
         errors: dict[str, ToolError] = {}
         for call in calls:
-            check = self.domain.tools.validate(call, self.whitelist)
+            check = self.registry.validate(call, self.whitelist)
             if not check.ok:
                 errors[call.id] = check.error  # type: ignore[assignment]
         if errors and self.config.on_invalid == "terminate":
-            self.records += [CallRecord(self.turn, c, None, error=errors.get(c.id)) for c in calls]
+            self.records += [
+                CallRecord(self.turn, c, None, error=errors.get(c.id), user_turn=self.user_turns) for c in calls
+            ]
             info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
             self._add_messages([self._tool_message(c, errors[c.id].to_payload()) for c in calls if c.id in errors])
             return self._after_errors(list(errors.values()), info)
@@ -304,7 +307,8 @@ class Episode:
             yield from self._tool_turn_inline(calls, routes, responses, errors, info)
 
         self.records += [
-            CallRecord(self.turn, c, routes.get(c.id), responses.get(c.id), errors.get(c.id)) for c in calls
+            CallRecord(self.turn, c, routes.get(c.id), responses.get(c.id), errors.get(c.id), self.user_turns)
+            for c in calls
         ]
         info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
         if errors:
@@ -357,7 +361,7 @@ class Episode:
             for call, gen in zip(todo, generations, strict=True):
                 text = (RESULT_OPEN + "\n" if cfg.prefill else "") + gen.text
                 read = parse_execution_result(text, self.config.limits)
-                error = read.error or self.domain.tools[call.name].validate_result(read.result)
+                error = read.error or self.registry[call.name].validate_result(read.result)
                 self._record_rehearsal(call, attempt, gen, error, info)
                 self.rows.append(
                     Row("rehearse", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
@@ -377,7 +381,7 @@ class Episode:
         history = self.messages[:-1] if self.messages[-1]["role"] == "assistant" else self.messages
         chat = rehearsal_messages(
             call,
-            self.domain.tools[call.name],
+            self.registry[call.name],
             self.candidates,
             self.reference_pairs,
             history,
@@ -420,7 +424,7 @@ class Episode:
                 content, rest, error = self._read_inline(gen, closing, after)
                 if error is None:
                     read = parse_result_json(content, self.config.limits)
-                    error = read.error or self.domain.tools[call.name].validate_result(read.result)
+                    error = read.error or self.registry[call.name].validate_result(read.result)
                 self._record_rehearsal(call, attempt, gen, error, info)
                 retry = error is not None and error.code is ErrorCode.RESULT_SCHEMA_MISMATCH
                 if not (retry and attempt < cfg.returns_resamples):

@@ -79,8 +79,8 @@ class ToolExecutor:
         if fn is None:
             raise KeyError(f"{type(self).__name__} has no tool {call.name!r}")
         self.calls_executed += 1
-        try:
-            result = fn(self, **dict(call.arguments))
+        try:  # a copy of the arguments, so state built from them never aliases the call's record
+            result = fn(self, **copy.deepcopy(dict(call.arguments)))
         except ToolFailure as failure:
             return {"error": str(failure)}
         # A round trip through JSON copies the result (no aliasing of self.state) and proves it serialisable.

@@ -58,6 +58,8 @@ def sft_rows(
                 rows.append(_row(episode.prompt_ids, chat.encode(turn.text) + [chat.eos_id], "act", task.id))
             if "rehearse" in roles:
                 for call, result in zip(turn.calls, turn.results, strict=True):
+                    if result is None:  # no recorded result to teach (benchmarks that only judge calls)
+                        continue
                     answer = f"{json.dumps(result, ensure_ascii=False)}\n{RESULT_CLOSE}"
                     if not rehearsal.prefill:
                         answer = f"{RESULT_OPEN}\n{answer}"

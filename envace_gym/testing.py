@@ -111,7 +111,7 @@ class ScriptedPolicy:
 
     def __init__(self, responses: Sequence[str] | Responder, tokenizer: PreTrainedTokenizerBase | None = None):
         self.tokenizer = tokenizer or tiny_tokenizer()
-        self.max_context = 8192
+        self.max_context = 1_000_000  # no model behind it: no context limit of its own
         self._responses = responses if callable(responses) else list(responses)
         self.prompts: list[str] = []
         self._eos = stop_token_ids(self.tokenizer)[0]

@@ -39,6 +39,24 @@ _BFCL_TYPES = {
     "bool": "boolean",
     "String": "string",
     "Boolean": "boolean",
+    "Array": "array",
+    "ArrayList": "array",
+    "HashMap": "object",
+    "long": "integer",
+    "double": "number",
+    "char": "string",
+}
+# Keywords BFCL's checker does not enforce; kept out so that validation is never stricter than the benchmark.
+_BFCL_DROPPED = {
+    "optional",
+    "format",
+    "minimum",
+    "maximum",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "pattern",
 }
 
 
@@ -208,6 +226,11 @@ class ToolSchema:
     def _returns_validator(self) -> jsonschema.protocols.Validator | None:
         return None if self.returns is None else _compile(self.returns)
 
+    def compile(self) -> ToolSchema:
+        """Build the validators now (they are otherwise built on first use); returns the schema."""
+        _ = self._arguments_fast_check, self._returns_validator
+        return self
+
     def validate_arguments(self, arguments: Any) -> ToolError | None:
         """``None`` when ``arguments`` satisfies the schema, else an ``INVALID_PARAMETERS`` error."""
         if self._arguments_fast_check(arguments):  # no error objects built on the common path
@@ -269,11 +292,22 @@ class ToolSchema:
         )
 
     @classmethod
-    def from_bfcl(cls, spec: Mapping[str, Any]) -> ToolSchema:
-        """From a BFCL function doc, normalising its Python-style types (``dict``, ``float``, ``tuple``, ``any``)."""
+    def from_bfcl(cls, spec: Mapping[str, Any], language: str = "python") -> ToolSchema:
+        """From a BFCL function doc, normalising its Python-style types (``dict``, ``float``, ``tuple``, ``any``).
+
+        For ``language="java"`` or ``"javascript"`` every parameter is a string, as BFCL itself presents them
+        (values are written in that language's syntax).
+        """
         if not isinstance(spec, Mapping) or "name" not in spec:
             raise SchemaError("a BFCL function doc needs 'name'")
         params = normalize_bfcl_schema(spec.get("parameters") or {"type": "object", "properties": {}})
+        if language != "python":
+            hint = f" (a {language.capitalize()} value, written as a string)"
+            props = {
+                k: {"type": "string", "description": str(v.get("description", "")) + hint}
+                for k, v in params.get("properties", {}).items()
+            }
+            params = {**params, "properties": props}
         returns = spec.get("response")
         return cls(
             name=spec["name"],
@@ -338,18 +372,20 @@ def normalize_bfcl_schema(schema: Any) -> Any:
                 mapped = [_BFCL_TYPES.get(v, v) for v in value if v != "any"]
                 if mapped and "any" not in value:
                     out["type"] = mapped
-            elif value == "any":
+            elif value in ("any", ""):
                 continue
             else:
                 out["type"] = _BFCL_TYPES.get(value, value)
         elif key == "properties" and isinstance(value, Mapping):
             out["properties"] = {k: normalize_bfcl_schema(v) for k, v in value.items()}
+        elif key == "items" and isinstance(value, list):  # the old tuple form of `items`
+            out["prefixItems"] = normalize_bfcl_schema(value)
         elif key in ("items", "additionalProperties", "not", "contains") and isinstance(value, (Mapping, list)):
             out[key] = normalize_bfcl_schema(value)
         elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
             out[key] = [normalize_bfcl_schema(v) for v in value]
-        elif key == "optional":
-            continue  # BFCL's own flag; optionality is what `required` says
+        elif key in _BFCL_DROPPED:
+            continue  # `optional` is BFCL's own flag (optionality is what `required` says); the rest it ignores
         else:
             out[key] = value
     if "required" in out and isinstance(out.get("properties"), Mapping):

@@ -54,7 +54,10 @@ def test_fresh_prompts_share_their_common_prefix(tiny):
     session = tiny.session()
     header = tok.encode("You are a precise tool simulator. Candidate tools: ... " * 3)
     prompts = [header + tok.encode(f" call number {i}" * (i + 1)) for i in range(3)]
-    for params in (SamplingParams(max_new_tokens=6, temperature=0), SamplingParams(max_new_tokens=6, temperature=1.0, seed=2)):
+    for params in (
+        SamplingParams(max_new_tokens=6, temperature=0),
+        SamplingParams(max_new_tokens=6, temperature=1.0, seed=2),
+    ):
         got = session.generate_fresh(prompts, params)
         assert all(close(g, w) for g, w in zip(got, tiny.generate(prompts, params), strict=True))
     computed = session.computed_tokens
@@ -63,6 +66,6 @@ def test_fresh_prompts_share_their_common_prefix(tiny):
     assert close(got, tiny.generate(alone, SamplingParams(max_new_tokens=6, temperature=0))[0])
     assert session.computed_tokens - computed < len(alone[0]) // 2  # the header came from the prefix cache
     short = [tok.encode("hi"), tok.encode("ho")]  # nothing worth sharing: plain generation
-    assert [g.completion_ids for g in session.generate_fresh(short, SamplingParams(max_new_tokens=3, temperature=0))] == [
-        g.completion_ids for g in tiny.generate(short, SamplingParams(max_new_tokens=3, temperature=0))
-    ]
+    assert [
+        g.completion_ids for g in session.generate_fresh(short, SamplingParams(max_new_tokens=3, temperature=0))
+    ] == [g.completion_ids for g in tiny.generate(short, SamplingParams(max_new_tokens=3, temperature=0))]
