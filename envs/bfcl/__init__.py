@@ -11,6 +11,7 @@ from typing import Any
 
 from envace_gym.domains import SPLITS, Domain, ReferenceTurn, RewardResult, Task, Trajectory, stable_hash
 from envace_gym.errors import DomainError
+from envace_gym.executors import ToolExecutor
 from envace_gym.tools import ToolCall, ToolRegistry, ToolSchema
 
 from .checker import check_calls
@@ -89,6 +90,15 @@ def iter_function_docs() -> Iterator[tuple[str, str, dict[str, Any]]]:
             yield f"multi_turn_func_doc/{path.name}", "python", doc
 
 
+class CallsOnly(ToolExecutor):
+    """The "real" executor of single-turn BFCL, whose questions are judged on the calls alone: it records that a
+    call arrived and executes nothing (BFCL has no backend for these categories)."""
+
+    def execute(self, call: ToolCall) -> Any:
+        self.calls_executed += 1
+        return {"status": "received", "note": "this benchmark judges the call itself; nothing was executed"}
+
+
 class BFCLDomain(Domain):
     """
     ## Description
@@ -100,7 +110,8 @@ class BFCLDomain(Domain):
 
     ## Tools
 
-    Single-turn: the entry's functions. Multi-turn: every function of the entry's backend APIs (file system,
+    Single-turn: the entry's functions; BFCL executes nothing for them, so the real executor only acknowledges
+    a call (the reward judges the call itself). Multi-turn: every function of the entry's backend APIs (file system,
     Twitter, messaging, tickets, trading, travel, vehicle, math), run for real by BFCL's Python backends.
 
     ## Tasks
@@ -223,7 +234,7 @@ class BFCLDomain(Domain):
 
     def make_executor(self, task: Task) -> Any:
         if not self.multi_turn:
-            return None  # single-turn BFCL has no executable backend: rehearsal or cached only
+            return CallsOnly()  # single-turn BFCL judges the calls; nothing is executed
         from .multi_turn import BFCLBackends
 
         entry, _ = self._entries[task.id]
