@@ -74,6 +74,9 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
             started = time.perf_counter()
             if condition == "base":
                 model_path = config.model
+            elif (stage / "train_summary.json").is_file() and (stage / "final" / "config.json").is_file():
+                model_path = str(stage / "final")  # trained before an interruption: only the evaluation is left
+                log(f"[seed {seed}] {condition}: trained before, evaluating")
             else:
                 start_from = config.model if condition == "sft" else str(_stage(config, seed, "sft") / "final")
                 mode = {"sft": "sft", "sft+grpo-real-tools": "real-tools"}.get(condition, "rehearsal")

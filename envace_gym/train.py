@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .domains import make_domain
+
 MODES = ("rehearsal", "real-tools", "sft")
 
 
@@ -182,10 +184,14 @@ def train(config: TrainConfig) -> dict[str, Any]:
             task_dataset,
         )
 
+        # TRL's tool loop spends `max_completion_length` on the whole multi-turn completion (tool results
+        # included); the collector spends `max_new_tokens` on each generation. Give the baseline a whole
+        # episode's worth so both get the same budget per Act turn.
+        turns = config.max_turns or make_domain(config.domain).max_turns
         grpo = dict(
             per_device_train_batch_size=config.tasks_per_step * config.group_size,
             num_generations=config.group_size,
-            max_completion_length=config.max_new_tokens,
+            max_completion_length=config.max_new_tokens * (turns if config.mode == "real-tools" else 1),
             temperature=config.temperature,
             beta=config.beta,
             scale_rewards="none",
