@@ -299,6 +299,7 @@ class Domain:
     description: str = ""
     system_prompt: str = "You are a helpful assistant. Use the tools when they help, then answer the user."
     max_turns: int = 12
+    executes_calls: bool = True  # False when the real executor only acknowledges calls (nothing to rehearse toward)
 
     @property
     def tools(self) -> ToolRegistry:

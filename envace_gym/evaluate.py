@@ -84,7 +84,7 @@ def evaluate(
         rehearsal_tokens=actor.stats["rehearsal_tokens"] if actor is not None else 0,
         act_tokens=int(real.stats["act_tokens"]),
     )
-    if not fidelity:
+    if not fidelity or not dom.executes_calls:  # no real responses to compare rehearsals with
         return result
     rehearsed = collect_rollouts(
         policy, dom, tasks, executor="rehearsal", act="reference", on_invalid="feedback",

@@ -151,6 +151,7 @@ class BFCLDomain(Domain):
         self.description = f"BFCL v4 {category}"
         self.system_prompt = SYSTEM_PROMPT
         self.multi_turn = category in MULTI_TURN
+        self.executes_calls = self.multi_turn  # single-turn entries are judged on the calls; nothing runs
         self.max_turns = 56 if self.multi_turn else 3  # multi-turn: up to 8 Act turns for each of <= 7 user turns
 
     # -- data -------------------------------------------------------------------------------------------
