@@ -34,8 +34,9 @@ def generate_batched(
         params = params.with_seed(int(rng.integers(2**31)))
     if session is not None and keys is not None:
         return session.generate(list(keys), [list(p) for p in prompts], params)
-    if session is not None:  # fresh prompts: the session still shares their common prefix
-        return session.generate_fresh([list(p) for p in prompts], params)
+    fresh = getattr(session, "generate_fresh", None)
+    if fresh is not None:  # fresh prompts: the session still shares their common prefix
+        return fresh([list(p) for p in prompts], params)
     return policy.generate([list(p) for p in prompts], params)
 
 

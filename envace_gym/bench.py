@@ -96,6 +96,9 @@ class _Recorder:
             def generate(self, keys, prompts, params):
                 return recorder._log(prompts, params, inner.generate(keys, prompts, params))
 
+            def generate_fresh(self, prompts, params):
+                return recorder._log(prompts, params, inner.generate_fresh(prompts, params))
+
             def forget(self, keys):
                 inner.forget(keys)
 
