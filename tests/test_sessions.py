@@ -69,3 +69,19 @@ def test_fresh_prompts_share_their_common_prefix(tiny):
     assert [
         g.completion_ids for g in session.generate_fresh(short, SamplingParams(max_new_tokens=3, temperature=0))
     ] == [g.completion_ids for g in tiny.generate(short, SamplingParams(max_new_tokens=3, temperature=0))]
+
+
+def test_a_policy_session_without_prefix_sharing_falls_back_to_plain_generation(tiny):
+    """Third-party policies may offer ``session()`` with only ``generate``; fresh prompts then go to the policy."""
+    import numpy as np
+
+    from envace_gym.batching import generate_batched
+
+    class ContinuationsOnly:
+        def generate(self, keys, prompts, params):
+            raise AssertionError("fresh prompts are not conversations")
+
+    prompts = [tiny.tokenizer.encode("hello world " * 3)]
+    greedy = SamplingParams(max_new_tokens=4, temperature=0)
+    got = generate_batched(tiny, prompts, greedy, np.random.default_rng(0), session=ContinuationsOnly())
+    assert got[0].completion_ids == tiny.generate(prompts, greedy)[0].completion_ids
