@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -47,8 +49,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import json
-
     from .evaluate import evaluate
     from .planning import PlannerConfig
     from .policy import make_policy
@@ -69,6 +69,10 @@ def _eval(args: argparse.Namespace) -> int:
             seed=args.seed, progress=True,
         )  # fmt: skip
         runs.append(("plain acting" if planner is None else label, result))
+        if args.out:  # after every setting, so a long table interrupted midway keeps what it measured
+            _write_eval_json(args.out, runs)
+        if len(settings) > 1:
+            print(f"{label}: success {result.success_rate:.3f}, reward {result.mean_reward:.3f}", flush=True)
     if len(runs) == 1:
         result = runs[0][1]
         print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, real execution")
@@ -91,11 +95,13 @@ def _eval(args: argparse.Namespace) -> int:
             print(
                 f"| {label} | {r.success_rate:.3f} | {r.mean_reward:.3f} | {r.real_calls} | {r.act_tokens} | {r.rehearsal_tokens} |"
             )
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            records = [{"setting": label, **r.to_dict()} for label, r in runs]
-            json.dump(records[0] if len(records) == 1 else records, f, indent=2)
     return 0
+
+
+def _write_eval_json(path: str, runs: list[tuple[str, Any]]) -> None:
+    records = [{"setting": label, **r.to_dict()} for label, r in runs]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(records[0] if len(records) == 1 else records, f, indent=2)
 
 
 def _train(argv: Sequence[str]) -> int:
