@@ -67,7 +67,7 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
             stage = _stage(config, seed, condition)
             done = stage / "eval.json"
             if done.is_file():
-                results[condition][seed] = json.loads(done.read_text())
+                results[condition][seed] = _with_timing(stage, json.loads(done.read_text()))
                 log(f"[seed {seed}] {condition}: done before, skipped")
                 continue
             stage.mkdir(parents=True, exist_ok=True)
@@ -106,10 +106,11 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
             policy = make_policy(model_path)
             assert isinstance(policy, TransformersPolicy)
             result = evaluate(policy, config.domain, "test", config.eval_tasks, max_new_tokens=config.max_new_tokens)
-            record = {**result.to_dict(), "train_seconds": trained_s, "total_seconds": time.perf_counter() - started}
+            eval_s = time.perf_counter() - started - trained_s
+            record = {**result.to_dict(), "train_seconds": trained_s, "eval_seconds": eval_s}
             record.pop("per_task")
             done.write_text(json.dumps(record, indent=2))
-            results[condition][seed] = record
+            results[condition][seed] = record = _with_timing(stage, record)
             log(
                 f"[seed {seed}] {condition}: success {result.success_rate:.3f}, reward {result.mean_reward:.3f}, rehearsal equal-to-real {result.equal_to_real:.3f}"
             )
@@ -118,6 +119,18 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     Path(config.results_file).write_text(table)
     log(table)
     return {"results": results, "table": table}
+
+
+def _with_timing(stage: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """Training time from the stage's own summary (right even when the model was trained by an earlier,
+    interrupted run), evaluation time from the record."""
+    record = dict(record)
+    if "eval_seconds" not in record:  # records written before eval time was stored separately
+        record["eval_seconds"] = record.get("total_seconds", 0.0) - record.get("train_seconds", 0.0)
+    summary = stage / "train_summary.json"
+    if summary.is_file():
+        record["train_seconds"] = float(json.loads(summary.read_text())["seconds"])
+    return record
 
 
 def _mean_spread(values: list[float]) -> str:
@@ -148,8 +161,8 @@ def format_results(config: ExperimentConfig, results: dict[str, dict[int, dict[s
         f"Machine: {platform.machine()}, Python {sys.version.split()[0]}. Domain `{config.domain}`, held-out test tasks "
         f"({config.eval_tasks}), real execution, greedy decoding. Seeds: {config.seeds}. Spread: half the range over seeds.",
         "",
-        "| condition | success rate | mean reward | rehearsal parses | rehearsal equal to real | train+eval time (s, per seed) |",
-        "|---|---|---|---|---|---|",
+        "| condition | success rate | mean reward | rehearsal parses | rehearsal equal to real | train time (s) | eval time (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for condition, by_seed in results.items():
         rows = list(by_seed.values())
@@ -158,6 +171,6 @@ def format_results(config: ExperimentConfig, results: dict[str, dict[int, dict[s
         lines.append(
             f"| {condition} | {_mean_spread([r['success_rate'] for r in rows])} | {_mean_spread([r['mean_reward'] for r in rows])} "
             f"| {_mean_spread([r['parsed'] for r in rows])} | {_mean_spread([r['equal_to_real'] for r in rows])} "
-            f"| {_mean_spread([r['total_seconds'] for r in rows])} |"
+            f"| {_mean_spread([r['train_seconds'] for r in rows])} | {_mean_spread([r['eval_seconds'] for r in rows])} |"
         )
     return "\n".join(lines) + "\n"

@@ -108,6 +108,9 @@ def test_eval_and_experiment_commands(tiny_path, tmp_path, capsys):
     assert "| sft+envace-separate |" in table and "envace experiment" in table
     assert main(argv) == 0  # resumes: every stage is already done
     assert "done before, skipped" in capsys.readouterr().out
+    assert results.read_text() == table  # same figures, training times included, from what the stages stored
+    sft_row = next(line for line in table.splitlines() if line.startswith("| sft |"))
+    assert not sft_row.split("|")[6].strip().startswith("0.000")  # SFT's training time, not zero
 
 
 @pytest.mark.skipif(
