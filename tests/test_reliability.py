@@ -267,7 +267,9 @@ def test_text_actions_cannot_spell_special_tokens(tokenizer):
 # -- 4. executors: no code from text, no leaks between episodes ----------------------------------------------
 def test_no_eval_exec_or_pickle_of_text_in_the_package():
     root = Path(__file__).resolve().parents[1]
-    pattern = re.compile(r"(?<![\w.])(?<!def )(eval|exec|compile)\(|\bpickle\b|\bmarshal\b|__import__\(|\bexec_module\b")
+    pattern = re.compile(
+        r"(?<![\w.])(?<!def )(eval|exec|compile)\(|\bpickle\b|\bmarshal\b|__import__\(|\bexec_module\b"
+    )
     found = set()
     for folder in ("envace_gym", "envs"):
         for path in (root / folder).rglob("*.py"):
