@@ -134,12 +134,14 @@ def _with_timing(stage: Path, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mean_spread(values: list[float]) -> str:
-    values = [v for v in values if v == v]  # drop NaN
-    if not values:
+    known = [v for v in values if v == v]  # drop NaN (a figure an older record did not store)
+    if not known:
         return "n/a"
-    mean = sum(values) / len(values)
-    spread = (max(values) - min(values)) / 2
-    return f"{mean:.3f} ± {spread:.3f}"
+    mean = sum(known) / len(known)
+    spread = (max(known) - min(known)) / 2
+    return f"{mean:.3f} ± {spread:.3f}" + (
+        f" ({len(known)} of {len(values)} seeds)" if len(known) < len(values) else ""
+    )
 
 
 def format_results(config: ExperimentConfig, results: dict[str, dict[int, dict[str, Any]]]) -> str:
@@ -161,8 +163,9 @@ def format_results(config: ExperimentConfig, results: dict[str, dict[int, dict[s
         f"Machine: {platform.machine()}, Python {sys.version.split()[0]}. Domain `{config.domain}`, held-out test tasks "
         f"({config.eval_tasks}), real execution, greedy decoding. Seeds: {config.seeds}. Spread: half the range over seeds.",
         "",
-        "| condition | success rate | mean reward | rehearsal parses | rehearsal equal to real | train time (s) | eval time (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| condition | success rate | mean reward | valid real calls per episode | rehearsal parses "
+        "| rehearsal equal to real | train time (s) | eval time (s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for condition, by_seed in results.items():
         rows = list(by_seed.values())
@@ -170,6 +173,7 @@ def format_results(config: ExperimentConfig, results: dict[str, dict[int, dict[s
             continue
         lines.append(
             f"| {condition} | {_mean_spread([r['success_rate'] for r in rows])} | {_mean_spread([r['mean_reward'] for r in rows])} "
+            f"| {_mean_spread([r.get('real_calls', float('nan')) / max(1, r['episodes']) for r in rows])} "
             f"| {_mean_spread([r['parsed'] for r in rows])} | {_mean_spread([r['equal_to_real'] for r in rows])} "
             f"| {_mean_spread([r['train_seconds'] for r in rows])} | {_mean_spread([r['eval_seconds'] for r in rows])} |"
         )

@@ -110,7 +110,7 @@ def test_eval_and_experiment_commands(tiny_path, tmp_path, capsys):
     assert "done before, skipped" in capsys.readouterr().out
     assert results.read_text() == table  # same figures, training times included, from what the stages stored
     sft_row = next(line for line in table.splitlines() if line.startswith("| sft |"))
-    assert not sft_row.split("|")[6].strip().startswith("0.000")  # SFT's training time, not zero
+    assert not sft_row.split("|")[7].strip().startswith("0.000")  # SFT's training time, not zero
 
 
 @pytest.mark.skipif(
