@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 out_dir=runs/bench_eval
 mkdir -p "$out_dir"
 for spec in "bfcl:simple_python 20" "bfcl:multiple 20" "bfcl:parallel 20" "bfcl:parallel_multiple 20" \
-            "bfcl:live_simple 20" "bfcl:irrelevance 20" "bfcl:multi_turn_base 5" "tau2:retail 5" "tau2:airline 5"; do
+            "bfcl:live_simple 20" "bfcl:irrelevance 20" "bfcl:multi_turn_base 3" "tau2:retail 5" "tau2:airline 5"; do
   set -- $spec
   out="$out_dir/${1/:/_}.json"
   [ -f "$out" ] && continue
