@@ -112,7 +112,18 @@ def _train(argv: Sequence[str]) -> int:
     (config,) = TrlParser(TrainConfig, prog="envace train").parse_args_and_config(list(argv))
     summary = train(config)
     print(f"final model: {summary['final_model']}\nmetrics: {summary['metrics']}\ncurves: {summary['plot']}")
+    _end_distributed()
     return 0
+
+
+def _end_distributed() -> None:
+    """Under ``accelerate launch``: let every process arrive, then close the process group, so no process
+    exits while gloo's threads still run (which aborts it at interpreter exit)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _experiment(argv: Sequence[str]) -> int:

@@ -244,6 +244,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     }
     if trainer.accelerator.is_main_process:
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    trainer.accelerator.wait_for_everyone()  # no process returns while the main one is still writing
     return summary
 
 
