@@ -11,6 +11,7 @@ splits the tool turn into the scaffolding around each tool response.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -96,15 +97,22 @@ class ChatFormat:
             raise PolicyError("the chat template rendered an earlier turn differently once later ones were added")
         return full[self._cut :]
 
-    @property
+    @functools.cached_property
+    def _user_head(self) -> str:
+        return self.render(_DUMMY[:2], add_generation_prompt=False)
+
+    @functools.cached_property
     def generation_prompt(self) -> str:
         """The text that opens an assistant turn (what ``add_generation_prompt=True`` adds)."""
-        head = self.render(_DUMMY[:2], add_generation_prompt=False)
-        return self.render(_DUMMY[:2], add_generation_prompt=True)[len(head) :]
+        return self.render(_DUMMY[:2], add_generation_prompt=True)[len(self._user_head) :]
+
+    @functools.cached_property
+    def generation_prompt_ids(self) -> list[int]:
+        return self.encode(self.generation_prompt)
 
     def insertion(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """Text that adds ``messages`` after a user or tool turn, before the next generation prompt."""
-        head = self.render(_DUMMY[:2], add_generation_prompt=False)
+        head = self._user_head
         full = self.render([*_DUMMY[:2], *messages], add_generation_prompt=False)
         if not full.startswith(head):
             raise PolicyError("the chat template rendered an earlier turn differently once later ones were added")

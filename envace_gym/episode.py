@@ -222,8 +222,7 @@ class Episode:
     def prompt_with_note(self, note: str, role: str = "system") -> tuple[list[int], str]:
         """The next Act prompt (ids, text) with a private note inserted just before the assistant's turn;
         the episode itself is unchanged."""
-        opening = self.chat.generation_prompt
-        tail = self.chat.encode(opening)
+        opening, tail = self.chat.generation_prompt, self.chat.generation_prompt_ids
         if not self.prompt_text.endswith(opening) or self.prompt_ids[-len(tail) :] != tail:
             raise EnvACEError("the prompt does not end with the template's generation prompt")
         insert = self.chat.insertion([{"role": role, "content": self.chat.neutralize(note)}]) + opening

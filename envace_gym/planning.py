@@ -21,6 +21,7 @@ did), and every token generated in rehearsal is counted (:attr:`RehearsalPlanner
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -108,14 +109,15 @@ class RehearsalPlanner:
         for _ in range(rounds):
             starts = [(i, self._memory(notes[i])) for i in range(len(episodes)) for _ in range(per_round)]
             forks = [self._fork(episodes[i], memory, rng) for i, memory in starts]
-            self._imagine(forks, rng)
-            assessments = self._assess(forks, rng)
+            self._imagine(forks, rng, session)
+            assessments = self._assess(forks, rng, session)
             for (i, _), fork, assessment in zip(starts, forks, assessments, strict=True):
                 notes[i].append(self._summary(fork, assessment, len(notes[i]) + 1))
         self.last_memories = [self._memory(n) for n in notes]
         prompts = [e.prompt_with_note(m)[0] for e, m in zip(episodes, self.last_memories, strict=True)]
-        # The memory changes the prompt's middle, so these prompts cannot continue a cached conversation.
-        return generate_batched(self.policy, prompts, self.act_sampling, rng)
+        # The memory changes the prompt's middle, so these prompts continue no cached conversation; the session
+        # still encodes the part they share with the forks (system prompt, tools, the conversation so far) once.
+        return generate_batched(self.policy, prompts, self.act_sampling, rng, session)
 
     # -- imagination ----------------------------------------------------------------------------------
     def _fork(self, episode: Episode, memory: str, rng: np.random.Generator) -> Episode:
@@ -134,17 +136,19 @@ class RehearsalPlanner:
             fork.prompt_ids, fork.prompt_text = episode.prompt_with_note(memory)
         return fork
 
-    def _imagine(self, forks: list[Episode], rng: np.random.Generator) -> None:
+    def _imagine(self, forks: list[Episode], rng: np.random.Generator, session: Any = None) -> None:
         params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature)
         live = list(forks)
         while live:
-            gens = generate_batched(self.policy, [f.prompt_ids for f in live], params, rng)
-            outcomes = run_lockstep([f.step(g.text, g) for f, g in zip(live, gens, strict=True)], self.policy, rng)
+            gens = generate_batched(self.policy, [f.prompt_ids for f in live], params, rng, session)
+            outcomes = run_lockstep(
+                [f.step(g.text, g) for f, g in zip(live, gens, strict=True)], self.policy, rng, session
+            )
             live = [f for f, o in zip(live, outcomes, strict=True) if not (o.terminated or o.truncated)]
         self.stats["rehearsals"] += len(forks)
         self.stats["rehearsal_tokens"] += sum(len(r.completion_ids) for f in forks for r in f.rows)  # Act + Rehearse
 
-    def _assess(self, forks: list[Episode], rng: np.random.Generator) -> list[str]:
+    def _assess(self, forks: list[Episode], rng: np.random.Generator, session: Any = None) -> list[str]:
         prompts = []
         for fork in forks:
             chat = [
@@ -153,7 +157,7 @@ class RehearsalPlanner:
             ]
             prompts.append(fork.chat.encode(fork.chat.render(chat)))
         params = SamplingParams(max_new_tokens=self.config.assessment_tokens, temperature=self.config.temperature)
-        gens = generate_batched(self.policy, prompts, params, rng)
+        gens = generate_batched(self.policy, prompts, params, rng, session)
         self.stats["rehearsal_tokens"] += sum(len(g.completion_ids) for g in gens)
         return [g.text.strip() for g in gens]
 
@@ -183,8 +187,6 @@ class RehearsalPlanner:
 
 
 def _short(value: Any, width: int = 160) -> str:
-    import json
-
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= width else text[: width - 1] + "…"
 
