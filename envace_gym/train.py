@@ -92,14 +92,16 @@ def _model_source(config: TrainConfig) -> tuple[str, Any]:
     return path, AutoTokenizer.from_pretrained(path)
 
 
-def _load_model(path: str, train_layers: int | None) -> Any:
-    """The model TRL trains: a path (TRL loads it, and can build a reference copy from it), or, when only the
-    top ``train_layers`` decoder layers are trained, an instance with the rest frozen."""
-    if train_layers is None:
+def _load_model(path: str, train_layers: int | None, instance: bool = False) -> Any:
+    """The model to train: the path itself where a path will do (TRL's GRPO loads it and can build a reference
+    copy from it), else an instance, with all but the top ``train_layers`` decoder layers frozen if set."""
+    if train_layers is None and not instance:
         return path
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path)
+    if train_layers is None:
+        return model
     layers = model.get_decoder().layers
     model.requires_grad_(False)
     for layer in layers[len(layers) - train_layers :]:
@@ -161,14 +163,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
         seed=config.seed,
     )
     if config.mode == "sft":
-        from transformers import AutoModelForCausalLM
-
         from .sft import run_sft, sft_dataset
 
         dataset = sft_dataset(config.domain, tokenizer, "train", config.sft_tasks)
-        model = _load_model(path, config.train_layers)
         trainer = run_sft(
-            AutoModelForCausalLM.from_pretrained(model) if isinstance(model, str) else model, tokenizer, dataset, str(out), epochs=config.sft_epochs,
+            _load_model(path, config.train_layers, instance=True), tokenizer, dataset, str(out), epochs=config.sft_epochs,
             learning_rate=config.learning_rate, batch_size=config.sft_batch_size, lora=config.lora, lora_r=config.lora_r,
             report_to=config.report_to, seed=config.seed, max_steps=config.steps, logging_steps=config.logging_steps,
             save_steps=config.save_steps, resume=(_resume_point(out) or False) if config.resume else False,
