@@ -25,6 +25,17 @@ def tokenizer():
     return tiny_tokenizer()
 
 
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory):
+    """A tiny model saved to disk, for code that loads models by path (TRL trainers, the CLI); tests that
+    train write their outputs elsewhere, so it stays as saved."""
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    policy = tiny_policy(seed=2)
+    policy.model.save_pretrained(path)
+    policy.tokenizer.save_pretrained(path)
+    return str(path)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """With ``ENVACE_RELIABILITY_REPORT=path``, write how many fuzz cases each property test ran (for
     docs/reliability.md)."""

@@ -310,22 +310,18 @@ def play(env, seed):
 def test_same_seed_same_episode_single_and_vector():
     params = SamplingParams(max_new_tokens=12, temperature=1.0)
     rehearse = RehearsalConfig(max_new_tokens=12, temperature=1.0)
-    a = gym.make(
-        "EnvACE-Rehearsal-v0",
-        domain="bank",
-        policy=tiny_policy(seed=7),
-        act_sampling=params,
-        rehearsal=rehearse,
-        on_invalid="feedback",
-    )
-    b = gym.make(
-        "EnvACE-Rehearsal-v0",
-        domain="bank",
-        policy=tiny_policy(seed=7),
-        act_sampling=params,
-        rehearsal=rehearse,
-        on_invalid="feedback",
-    )
+
+    def make():  # two independent envs, each with its own copy of the same model
+        return gym.make(
+            "EnvACE-Rehearsal-v0",
+            domain="bank",
+            policy=tiny_policy(seed=7),
+            act_sampling=params,
+            rehearsal=rehearse,
+            on_invalid="feedback",
+        )
+
+    a, b = make(), make()
     assert play(a, 11) == play(b, 11)
     assert play(a, 11) != play(a, 12)
 

@@ -12,19 +12,9 @@ from pathlib import Path
 import pytest
 
 from envace_gym.cli import main
-from envace_gym.testing import tiny_policy
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SMALL = ["--domain", "units", "--steps", "1", "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "8"]
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-cli") / "model"
-    policy = tiny_policy(seed=5)
-    policy.model.save_pretrained(path)
-    policy.tokenizer.save_pretrained(path)
-    return str(path)
 
 
 @pytest.mark.parametrize("mode", ["sft", "rehearsal", "real-tools"])

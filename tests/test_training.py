@@ -23,6 +23,16 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 CPU = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False, save_strategy="no", seed=0)
 
 
+def one_step_grpo_args(output_dir, batch_size: int):
+    """TRL's GRPOConfig for one tiny step on CPU: groups of 2, 8 completion tokens."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(output_dir), per_device_train_batch_size=batch_size, num_generations=2,
+        max_completion_length=8, max_steps=1, logging_steps=1, **CPU,
+    )  # fmt: skip
+
+
 # -- the math --------------------------------------------------------------------------------------------
 def test_rolewise_advantages_on_a_hand_made_batch():
     groups = ["t1", "t1", "t1", "t1", "t1", "t2", "t2", "t2"]
@@ -95,15 +105,6 @@ def test_custom_trainer_runs_on_the_tiny_model(mode):
 
 
 # -- TRL: role-wise GRPO subclass ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    policy = tiny_policy(seed=2)
-    policy.model.save_pretrained(path)
-    policy.tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def crafted_batch(policy, task_ids):
     """A rollout batch with Act and Rehearse rows and rewards that differ within each group."""
     rows = hand_made_rows(policy, n_per_role=len(task_ids))
@@ -158,17 +159,9 @@ def test_trl_role_wise_trainer_trains_both_roles(tiny_path, monkeypatch):
 
 def test_trl_rollout_func_path(tiny_path, tmp_path):
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=8,
-        max_steps=1,
-        logging_steps=1,
-        **CPU,
-    )
+    args = one_step_grpo_args(tmp_path, batch_size=4)
     trainer = GRPOTrainer(
         model=tiny_path, reward_funcs=[envace_trl.envace_reward], args=args, train_dataset=envace_trl.task_dataset("units"),
         processing_class=AutoTokenizer.from_pretrained(tiny_path), rollout_func=envace_trl.make_rollout_func("units"),
@@ -209,17 +202,9 @@ def test_real_tools_environment_runs_the_domain_tools(tiny_path, tmp_path):
     assert reward(completions=[final], environments=[env]) == [1.0]
 
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_completion_length=8,
-        max_steps=1,
-        logging_steps=1,
-        **CPU,
-    )
+    args = one_step_grpo_args(tmp_path, batch_size=2)
     trainer = GRPOTrainer(
         model=tiny_path, reward_funcs=[reward], args=args, train_dataset=envace_trl.task_dataset("bank", conversational=True),
         processing_class=AutoTokenizer.from_pretrained(tiny_path), environment_factory=cls,
