@@ -68,7 +68,8 @@ def evaluate(
     rehearsal = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
     real = collect_rollouts(
-        policy, dom, tasks, executor="real", act_sampling=sampling, seed=seed, progress=progress, actor=actor
+        policy, dom, tasks, executor="real", act_sampling=sampling, seed=seed, actor=actor,
+        progress=progress and "episodes (real execution)",
     )
     rewards = [e.reward for e in real.episodes if e.reward is not None]
     result = EvalResult(
@@ -88,7 +89,7 @@ def evaluate(
         return result
     rehearsed = collect_rollouts(
         policy, dom, tasks, executor="rehearsal", act="reference", on_invalid="feedback",
-        rehearsal=rehearsal, seed=seed, progress=progress,
+        rehearsal=rehearsal, seed=seed, progress=progress and "rehearsal fidelity (reference acts)",
     )  # fmt: skip
     total = parsed = schema_ok = equal = 0
     for task, episode in zip(tasks, rehearsed.episodes, strict=True):

@@ -104,7 +104,7 @@ def collect_rollouts(
     seed: int = 0,
     reuse_kv: bool = True,
     actor: Callable[..., list[Generation]] | None = None,
-    progress: bool = False,
+    progress: bool | str = False,
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
 
@@ -122,7 +122,7 @@ def collect_rollouts(
         reuse_kv: Keep each conversation's KV cache between turns (:mod:`envace_gym.sessions`).
         actor: Writes the Act turns instead of one batched policy call: ``actor(episodes, rng, session, keys)``
             returns one generation per live episode (e.g. :class:`~envace_gym.planning.RehearsalPlanner`).
-        progress: Show a progress bar of finished episodes.
+        progress: Show a progress bar of finished episodes (a string also names the bar).
     """
     if act not in ACT_SOURCES:
         raise ValueError(f"act must be one of {ACT_SOURCES}, got {act!r}")
@@ -160,7 +160,8 @@ def collect_rollouts(
     results: list[EpisodeResult | None] = [None] * len(episodes)
     live = list(range(len(episodes)))
     started, act_calls, act_tokens, rounds = time.perf_counter(), 0, 0, 0
-    bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress)
+    label = progress if isinstance(progress, str) else "episodes"
+    bar = tqdm(total=len(episodes), desc=label, unit="ep", disable=not progress)
     while live:
         rounds += 1
         if act == "policy":

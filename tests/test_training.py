@@ -252,7 +252,7 @@ def test_sft_learns_the_reference(tmp_path):
     assert losses[-1] < 0.6 * losses[0]
 
 
-def test_evaluate_reports_success_and_fidelity():
+def test_evaluate_reports_success_and_fidelity(capsys):
     domain = make_domain("bank")
     tasks = domain.tasks("test")[:2]
     executors = {t.prompt: domain.make_executor(t) for t in tasks}
@@ -266,7 +266,9 @@ def test_evaluate_reports_success_and_fidelity():
         result = executors[task_prompt].execute(envace_gym.ToolCall(call["name"], call["arguments"]))
         return json.dumps(result) + "\n</execution_result>"
 
-    result = evaluate(ScriptedPolicy(respond), domain, "test", num_tasks=2)
+    result = evaluate(ScriptedPolicy(respond), domain, "test", num_tasks=2, progress=True)
     assert result.episodes == 2 and result.success_rate == 0.0
+    bars = capsys.readouterr().err  # the two passes are told apart on the terminal
+    assert "episodes (real execution)" in bars and "rehearsal fidelity (reference acts)" in bars
     assert result.rehearsals == sum(len(t.reference_pairs()) for t in tasks)
     assert result.parsed == result.schema_ok == result.equal_to_real == 1.0
