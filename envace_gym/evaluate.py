@@ -70,7 +70,7 @@ def evaluate(
     real = collect_rollouts(
         policy, dom, tasks, executor="real", act_sampling=sampling, seed=seed, actor=actor,
         progress=progress and "episodes (real execution)",
-    )
+    )  # fmt: skip
     rewards = [e.reward for e in real.episodes if e.reward is not None]
     result = EvalResult(
         domain=dom.name,
