@@ -21,7 +21,7 @@ class WithoutSession(RehearsalPlanner):
     """Rehearses exactly like the planner, but never hands the session to its generations."""
 
     def __call__(self, episodes, rng, session=None, keys=None):
-        return super().__call__(episodes, rng, session if self.config.budget == 0 else None, keys)
+        return super().__call__(episodes, rng, None, keys)
 
 
 def main() -> None:
