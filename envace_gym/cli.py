@@ -29,6 +29,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench import format_table, machine_line, run_bench
 
+    if args.train:
+        return _bench_train(args)
     sizes = (
         dict(episodes=4, rehearsal_episodes=2, max_new_tokens=16, act_turns=2, turns=4, turn_episodes=4, act_tokens=16)
         if args.quick
@@ -41,6 +43,25 @@ def _bench(args: argparse.Namespace) -> int:
         model=args.model, domain=args.domain, seed=args.seed, log=lambda m: print(m, flush=True), **sizes
     )
     table = format_table(measures, f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}")
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(table + "\n")
+    return 0
+
+
+def _bench_train(args: argparse.Namespace) -> int:
+    from .bench import format_table, machine_line
+    from .bench_train import run_train_bench
+
+    sizes = dict(sft_tasks=2, sft_steps=2, sft_batch_size=2, group_size=2, max_new_tokens=16) if args.quick else {}
+    if args.max_new_tokens is not None:
+        sizes["max_new_tokens"] = args.max_new_tokens
+    measures = run_train_bench(
+        model=args.model, domain=args.domain, seed=args.seed, log=lambda m: print(m, flush=True), **sizes
+    )
+    header = f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}; training, float32"
+    table = format_table(measures, header)
     print("\n" + table)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
@@ -181,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     demo.set_defaults(func=_demo)
 
-    bench = sub.add_parser("bench", help="measure rollout speed against raw generation (ratios, side by side)")
+    bench = sub.add_parser(
+        "bench", help="measure rollout speed against raw generation, or (--train) training speed (ratios, side by side)"
+    )
     bench.add_argument(
         "--model",
         default=None,
@@ -199,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--turns", type=int, default=None, help="turns of the long episodes in the turn-cost measure (default: 8)"
+    )
+    bench.add_argument(
+        "--train",
+        action="store_true",
+        help="measure training instead: the shared-prefix forward against the plain per-row forward (SFT, GRPO)",
     )
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     bench.add_argument("--seed", type=int, default=0)

@@ -87,7 +87,7 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
                         domain=config.domain,
                         model=start_from,
                         output_dir=str(stage),
-                        steps=-1 if mode == "sft" else config.rl_steps,
+                        steps=None if mode == "sft" else config.rl_steps,
                         tasks_per_step=config.tasks_per_step,
                         group_size=config.group_size,
                         rehearsal_mode="inline" if condition.endswith("inline") else "separate",

@@ -8,6 +8,7 @@ over any causal LM from ``transformers``; :func:`make_policy` builds one from wh
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -23,6 +24,7 @@ from transformers import (
 )
 
 from .errors import PolicyError
+from .precision import autocast
 
 if TYPE_CHECKING:
     from .sessions import GenerationSession
@@ -165,6 +167,9 @@ class TransformersPolicy:
         tokenizer: Its tokenizer, with a chat template that accepts ``tools=``.
         max_batch_size: Prompts per ``generate`` call; longer lists are split.
         max_context: Token budget per sequence; defaults to the model's ``max_position_embeddings``.
+        compute_dtype: Generate under ``torch.autocast`` to this dtype (e.g. ``torch.bfloat16``; see
+            :mod:`envace_gym.precision`); ``None`` runs in the model's own dtype. Recorded log-probabilities are
+            then those of the autocast forward, which is what a trainer under the same autocast recomputes.
     """
 
     def __init__(
@@ -174,12 +179,14 @@ class TransformersPolicy:
         *,
         max_batch_size: int = 32,
         max_context: int | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         if tokenizer.chat_template is None:
             raise PolicyError("the tokenizer has no chat_template; set one that accepts tools= (e.g. Qwen2.5's)")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.compute_dtype = compute_dtype
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 4096))
         self.stop_ids = stop_token_ids(tokenizer, model)
         if not self.stop_ids:
@@ -198,6 +205,14 @@ class TransformersPolicy:
         except OSError as exc:
             raise PolicyError(f"cannot load model {name_or_path!r}: {exc}") from exc
         return cls(model, tokenizer, **kwargs)
+
+    def with_compute_dtype(self, dtype: torch.dtype | None) -> TransformersPolicy:
+        """The same model and tokenizer, generating under autocast to ``dtype`` (``None``: the model's own)."""
+        if dtype == self.compute_dtype:
+            return self
+        other = copy.copy(self)
+        other.compute_dtype = dtype
+        return other
 
     @property
     def device(self) -> torch.device:
@@ -266,7 +281,9 @@ class TransformersPolicy:
         stopper = _StopStrings(self.tokenizer, params.stop, width) if params.stop else None
         extra = {} if cache is None else {"cache": cache}
         devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
+        with torch.random.fork_rng(devices=devices, enabled=params.seed is not None), autocast(
+            self.compute_dtype, device
+        ):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             result = self.model.generate(

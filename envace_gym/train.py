@@ -19,9 +19,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .domains import make_domain
+from .packing import DEFAULT_PACK_TOKENS
+from .precision import DTYPES, resolve_dtype
 
 MODES = ("rehearsal", "real-tools", "sft")
+DEFAULT_GRPO_STEPS = 20
 
 
 @dataclass
@@ -36,7 +41,11 @@ class TrainConfig:
     output_dir: str = field(
         default="runs/envace", metadata={"help": "Where checkpoints, metrics and the final model go."}
     )
-    steps: int = field(default=20, metadata={"help": "Optimizer steps (GRPO: one per batch of rollouts)."})
+    steps: int | None = field(
+        default=None,
+        metadata={"help": "Optimizer steps (GRPO: one per batch of rollouts; default 20). SFT: a limit on top of "
+                  "--sft_epochs (default: none, the epochs rule)."},
+    )
     tasks_per_step: int = field(
         default=2, metadata={"help": "Tasks per GRPO batch; each gives a group of group_size episodes."}
     )
@@ -60,6 +69,19 @@ class TrainConfig:
     sft_tasks: int = field(default=200, metadata={"help": "SFT: how many training tasks' reference trajectories."})
     sft_epochs: float = field(default=1.0, metadata={"help": "SFT: epochs over those rows."})
     sft_batch_size: int = field(default=4, metadata={"help": "SFT: rows per step."})
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "Compute dtype: auto (bfloat16 where the hardware runs it faster), float32, bfloat16."},
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute layers in the backward pass: far less memory, some more time (docs/performance.md)."}
+    )
+    shared_prefix: bool = field(
+        default=True, metadata={"help": "Shared-prefix forward: encode the prefix that rows share once (exact)."}
+    )
+    pack_tokens: int = field(
+        default=DEFAULT_PACK_TOKENS, metadata={"help": "Positions per packed forward (bounds one pack's memory)."}
+    )
     save_steps: int = field(default=10, metadata={"help": "Checkpoint every this many steps."})
     logging_steps: int = field(default=1, metadata={"help": "Log every this many steps."})
     report_to: str = field(default="none", metadata={"help": "TRL/transformers report_to: none, tensorboard, ..."})
@@ -69,6 +91,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be at least 1, got {self.steps}")
+
+    @property
+    def grpo_steps(self) -> int:
+        return self.steps if self.steps is not None else DEFAULT_GRPO_STEPS
 
 
 def _model_source(config: TrainConfig) -> tuple[str, Any]:
@@ -128,8 +158,6 @@ def _resume_point(out: Path) -> str | None:
 
 
 def _use_cpu() -> bool:
-    import torch
-
     return not torch.cuda.is_available()
 
 
@@ -151,15 +179,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
     path, tokenizer = _model_source(config)
     common = dict(
         output_dir=str(out),
-        max_steps=config.steps,
         learning_rate=config.learning_rate,
         logging_steps=config.logging_steps,
         save_strategy="steps",
         save_steps=config.save_steps,
         report_to=config.report_to,
         use_cpu=_use_cpu(),
-        bf16=False,
-        gradient_checkpointing=False,
         seed=config.seed,
     )
     if config.mode == "sft":
@@ -169,15 +194,18 @@ def train(config: TrainConfig) -> dict[str, Any]:
         trainer = run_sft(
             _load_model(path, config.train_layers, instance=True), tokenizer, dataset, str(out), epochs=config.sft_epochs,
             learning_rate=config.learning_rate, batch_size=config.sft_batch_size, lora=config.lora, lora_r=config.lora_r,
-            report_to=config.report_to, seed=config.seed, max_steps=config.steps, logging_steps=config.logging_steps,
-            save_steps=config.save_steps, resume=(_resume_point(out) or False) if config.resume else False,
+            report_to=config.report_to, seed=config.seed, max_steps=config.steps or -1,
+            logging_steps=config.logging_steps, save_steps=config.save_steps,
+            resume=(_resume_point(out) or False) if config.resume else False, dtype=config.dtype,
+            gradient_checkpointing=config.gradient_checkpointing, shared_prefix=config.shared_prefix,
+            pack_tokens=config.pack_tokens,
         )  # fmt: skip
     else:
-        from trl import GRPOConfig, GRPOTrainer
-
         from .integrations.trl import (
             EnvACEGRPOConfig,
             EnvACEGRPOTrainer,
+            PackedGRPOConfig,
+            RealToolsGRPOTrainer,
             real_tools_environment,
             real_tools_reward,
             task_dataset,
@@ -196,6 +224,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
             scale_rewards="none",
             delta=3.0,
             loss_type="dapo",
+            max_steps=config.grpo_steps,
+            bf16=resolve_dtype(config.dtype, "cpu" if _use_cpu() else "cuda") == torch.bfloat16,
+            activation_checkpointing=config.gradient_checkpointing,
+            shared_prefix=config.shared_prefix,
+            pack_tokens=config.pack_tokens,
             **common,
         )
         if config.mode == "rehearsal":
@@ -209,8 +242,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 peft_config=_peft(config),
             )
         else:
-            args = GRPOConfig(**grpo)
-            trainer = GRPOTrainer(
+            args = PackedGRPOConfig(**grpo)
+            trainer = RealToolsGRPOTrainer(
                 model=_load_model(path, config.train_layers),
                 reward_funcs=[real_tools_reward(config.domain)],
                 args=args,

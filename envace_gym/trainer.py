@@ -9,7 +9,9 @@ Read it top to bottom against METHOD.md ("Reward and objective"):
 2. **Advantages, role-wise**: A = R - mean(R over the rows of that role in the same group), no std division.
 3. **One on-policy gradient step**: the PPO clipped objective (epsilon 0.2) with dual-clip (c = 3) for
    negative advantages, averaged over every trained token of the batch (token-mean), plus an optional
-   low-variance KL penalty (k3) against a frozen reference copy.
+   low-variance KL penalty (k3) against a frozen reference copy. The log-probabilities come from the
+   shared-prefix forward (:mod:`envace_gym.packing`): the rows' common prefixes are encoded once, with the
+   same values as a per-row forward.
 
 It needs nothing but torch and the collector, which is the point: any RL loop can drive the environment.
 For TRL's trainers see :mod:`envace_gym.integrations.trl`.
@@ -28,7 +30,9 @@ import torch
 
 from .advantages import rolewise_advantages
 from .domains import make_domain
+from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
 from .policy import SamplingParams, TransformersPolicy
+from .precision import autocast, resolve_dtype
 from .rollout import Sample, collect_rollouts
 from .simulator import RehearsalConfig
 
@@ -50,33 +54,46 @@ class TrainerConfig:
     max_new_tokens: int = field(default=128, metadata={"help": "Token budget of each Act turn and rehearsal."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
     max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
-    micro_batch_tokens: int = field(default=6144, metadata={"help": "Tokens per forward/backward micro-batch."})
+    micro_batch_tokens: int = field(
+        default=DEFAULT_PACK_TOKENS,
+        metadata={"help": "Tokens per forward/backward micro-batch (packed: distinct prefix-tree positions)."},
+    )
+    packing: bool = field(
+        default=True, metadata={"help": "Shared-prefix forward: encode each prefix rows share once (exact)."}
+    )
+    dtype: str = field(
+        default="auto", metadata={"help": "Compute dtype: auto (bfloat16 where faster), float32 or bfloat16."}
+    )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     seed: int = field(default=0, metadata={"help": "Seeds task draws and sampling."})
 
 
-def token_logprobs(model: Any, rows: Sequence[Sample], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(completion token | everything before it) at ``temperature``, for a padded batch of rows.
+def token_logprobs(
+    model: Any,
+    rows: Sequence[Sample],
+    temperature: float,
+    *,
+    packing: bool = True,
+    budget: int = DEFAULT_PACK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(completion token | everything before it) at ``temperature``, for a batch of rows.
 
-    Returns ``(logprobs, mask)`` of shape (rows, longest completion): prompts are left-padded and
-    completions right-padded, so every completion starts at the same column.
+    Returns ``(logprobs, mask)`` of shape (rows, longest completion), completions left-aligned. With ``packing``
+    the rows go through the shared-prefix forward (:mod:`envace_gym.packing`; the same values, fewer tokens
+    encoded), else through one padded batch.
     """
-    device = next(model.parameters()).device
-    width_p = max(len(r.prompt_ids) for r in rows)
-    width_c = max(len(r.completion_ids) for r in rows)
-    ids = torch.zeros((len(rows), width_p + width_c), dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    mask = torch.zeros((len(rows), width_c))
-    for i, r in enumerate(rows):
-        p, c = len(r.prompt_ids), len(r.completion_ids)
-        ids[i, width_p - p : width_p] = torch.tensor(r.prompt_ids)
-        ids[i, width_p : width_p + c] = torch.tensor(r.completion_ids)
-        attention[i, width_p - p : width_p + c] = 1
-        mask[i, :c] = torch.tensor(r.mask, dtype=torch.float)
-    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device), logits_to_keep=width_c + 1).logits
-    logits = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)
-    targets = ids[:, width_p:].to(device)
-    return torch.log_softmax(logits, -1).gather(2, targets[..., None]).squeeze(2), mask.to(device)
+    per_row = completion_logprobs(
+        model, [r.prompt_ids for r in rows], [r.completion_ids for r in rows], temperature, packing=packing,
+        budget=budget,
+    )  # fmt: skip
+    width = max(len(r.completion_ids) for r in rows)
+    device = per_row[0].device
+    logp = torch.zeros((len(rows), width), device=device)
+    mask = torch.zeros((len(rows), width), device=device)
+    for i, (r, lp) in enumerate(zip(rows, per_row, strict=True)):
+        logp[i, : len(lp)] = lp
+        mask[i, : len(r.mask)] = torch.tensor(r.mask, dtype=torch.float, device=device)
+    return logp, mask
 
 
 def micro_batches(items: list[Any], budget: int, size: Callable[[Any], int]) -> list[list[Any]]:
@@ -90,6 +107,16 @@ def micro_batches(items: list[Any], budget: int, size: Callable[[Any], int]) -> 
     return out
 
 
+def _micro_batches(model: Any, pairs: list[tuple[Sample, float]], config: TrainerConfig) -> list[list[Any]]:
+    """(row, advantage) pairs in groups of one forward and backward each, within ``micro_batch_tokens``:
+    packed, the positions of a group's prefix tree (rows that share prefixes land together); plain, the
+    padded size."""
+    if config.packing and packing_support(model) is None:
+        packs = plan_packs([s.prompt_ids + s.completion_ids for s, _ in pairs], config.micro_batch_tokens)
+        return [[pairs[i] for i in pack] for pack in packs]
+    return micro_batches(pairs, config.micro_batch_tokens, lambda p: len(p[0].prompt_ids) + len(p[0].completion_ids))
+
+
 def grpo_loss(
     model: Any,
     rows: Sequence[Sample],
@@ -100,7 +127,11 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped policy-gradient loss of ``rows``, divided by ``total_tokens`` (the batch's trained tokens,
     so micro-batches add up to a token-mean). The "old" log-probs are those recorded while sampling."""
-    logp, mask = token_logprobs(model, rows, config.temperature)
+    device = next(model.parameters()).device
+    with autocast(resolve_dtype(config.dtype, device), device):
+        logp, mask = token_logprobs(
+            model, rows, config.temperature, packing=config.packing, budget=config.micro_batch_tokens
+        )
     old = torch.zeros_like(logp)
     for i, s in enumerate(rows):
         old[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
@@ -112,8 +143,10 @@ def grpo_loss(
     per_token = -surrogate
     kl_sum = 0.0
     if reference is not None:
-        with torch.no_grad():
-            ref_logp, _ = token_logprobs(reference, rows, config.temperature)
+        with torch.no_grad(), autocast(resolve_dtype(config.dtype, device), device):
+            ref_logp, _ = token_logprobs(
+                reference, rows, config.temperature, packing=config.packing, budget=config.micro_batch_tokens
+            )
         kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1  # k3: the low-variance KL estimate
         per_token = per_token + config.kl_coef * kl
         kl_sum = float((kl * mask).sum().detach())
@@ -133,6 +166,9 @@ def train(
     reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_coef > 0 else None
     sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
     rehearsal = RehearsalConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+    # Rollouts sample in the dtype the loss recomputes in, so the recorded log-probs are the "old" ones.
+    dtype = resolve_dtype(config.dtype, next(model.parameters()).device)
+    actor = policy.with_compute_dtype(None if dtype == torch.float32 else dtype)
     history = []
     for step in range(config.steps):
         started = time.perf_counter()
@@ -141,7 +177,7 @@ def train(
         chosen = [tasks[int(i)] for i in rng.choice(len(tasks), size=config.tasks_per_step, replace=False)]
         model.eval()
         batch = collect_rollouts(
-            policy, domain, chosen, config.group_size, executor=config.executor,
+            actor, domain, chosen, config.group_size, executor=config.executor,
             rehearsal_mode=config.rehearsal_mode, act_sampling=sampling, rehearsal=rehearsal,
             max_turns=config.max_turns, seed=int(rng.integers(2**31)),
         )  # fmt: skip
@@ -154,12 +190,12 @@ def train(
         trained_tokens = sum(sum(s.mask) for s in samples if s.reward is not None)
 
         # 3. One gradient step on the clipped objective, token-mean over the batch (masked episodes skipped).
+        #    Micro-batches share their rows' common prefixes (packing); their losses add up to the token-mean.
         model.train()
         optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "clipped": 0.0, "kl": 0.0}
         pairs = [(s, a) for s, a in zip(samples, advantages, strict=True) if s.reward is not None]
-        size = lambda p: len(p[0].prompt_ids) + len(p[0].completion_ids)  # noqa: E731
-        for micro in micro_batches(pairs, config.micro_batch_tokens, size):
+        for micro in _micro_batches(model, pairs, config):
             loss, stats = grpo_loss(
                 model, [s for s, _ in micro], [a for _, a in micro], config, trained_tokens, reference
             )

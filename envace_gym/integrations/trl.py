@@ -13,6 +13,10 @@ Three ways in, from least to most EnvACE:
   one hook, ``_generate_and_score_completions``; TRL's loss (clip ``epsilon``, dual-clip ``delta``, token-mean
   ``loss_type="dapo"``, KL ``beta``), optimizer, logging and checkpoints are used as they are.
 
+Both trainers here (:class:`EnvACEGRPOTrainer` and :class:`RealToolsGRPOTrainer`, ``GRPOTrainer`` for the
+baseline) compute their log-probabilities with the shared-prefix forward (:class:`SharedPrefixMixin`): rows
+that share a prompt prefix encode it once, with the same values and gradients as TRL's per-row forward.
+
 The dataset of all three is built by :func:`task_dataset`: one row per task, with ``prompt`` holding the
 task id (and, for the real-tools baseline, the task's opening messages).
 """
@@ -31,6 +35,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad, use_adapter
 
 from ..advantages import rolewise_advantages
+from ..packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 from ..domains import CallRecord, Domain, Task, Trajectory, make_domain
 from ..policy import SamplingParams, TransformersPolicy
 from ..rollout import RolloutBatch, collect_rollouts
@@ -71,13 +76,15 @@ def _task_ids(prompts: Sequence[Any]) -> list[str]:
 
 
 def _policy_of(trainer: Any) -> TransformersPolicy:
-    """The trainer's model (the weights being trained) as a Policy; cached per trainer."""
+    """The trainer's model (the weights being trained) as a Policy; cached per trainer. With ``bf16`` it
+    samples under the same autocast as the loss, so the recorded log-probs are the ones the loss recomputes."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     policy = getattr(trainer, "_envace_policy", None)
     if policy is None or policy.model is not model:
         policy = TransformersPolicy(
-            model, trainer.processing_class, max_context=getattr(model.config, "max_position_embeddings", None)
-        )
+            model, trainer.processing_class, max_context=getattr(model.config, "max_position_embeddings", None),
+            compute_dtype=torch.bfloat16 if getattr(trainer.args, "bf16", False) else None,
+        )  # fmt: skip
         trainer._envace_policy = policy
     return policy
 
@@ -140,10 +147,98 @@ def make_rollout_func(
 
 
 # ----------------------------------------------------------------------------------------------------
+# The shared-prefix forward inside TRL's loss
+# ----------------------------------------------------------------------------------------------------
+class SharedPrefixMixin:
+    """For a ``GRPOTrainer`` subclass: per-token log-probabilities (current policy, "old" and reference
+    passes alike) from the shared-prefix forward of :mod:`envace_gym.packing` instead of one padded batch.
+
+    The rows of each call are packed into prefix trees of at most ``args.pack_tokens`` positions (default
+    4096); a call with several packs recomputes each in the backward pass, so memory holds one pack's
+    activations. Vision inputs, MoE auxiliary losses, ``args.shared_prefix=False`` and models whose attention
+    cannot take the mask (logged once) go through TRL's own forward.
+    """
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **extra: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        rows = _unpadded(input_ids, attention_mask, logits_to_keep)
+        plain = (
+            not getattr(self.args, "shared_prefix", True)
+            or compute_aux_loss
+            or any(v is not None for v in extra.values())
+            or rows is None
+            or packing_support(unwrap(model)) is not None
+        )
+        if plain:
+            return super()._get_per_token_logps_and_entropies(  # type: ignore[misc]
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **extra,
+            )  # fmt: skip
+        prompts, completions = rows
+        with self.accelerator.autocast():  # type: ignore[attr-defined]
+            scores = completion_scores(
+                model, prompts, completions, self.temperature,  # type: ignore[attr-defined]
+                budget=getattr(self.args, "pack_tokens", DEFAULT_PACK_TOKENS),
+            )  # fmt: skip
+        logps = _grid(scores.logprobs, logits_to_keep, input_ids.device)
+        entropies = _grid(scores.entropies, logits_to_keep, input_ids.device) if compute_entropy else None
+        return logps, entropies, None
+
+
+def _unpadded(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int
+) -> tuple[list[list[int]], list[list[int]]] | None:
+    """Each row's (prompt, completion) ids from TRL's layout (left-padded prompts, right-padded completions);
+    ``None`` when a completion's mask is not one run from its start (TRL's forward then handles it)."""
+    prompts, completions = [], []
+    width = input_ids.shape[1] - logits_to_keep
+    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
+        n = sum(mask[width:])
+        if any(mask[width + n :]) or (n and not all(mask[width : width + n])):
+            return None
+        prompts.append([t for t, m in zip(ids[:width], mask[:width], strict=True) if m])
+        completions.append(ids[width : width + n])
+    return prompts, completions
+
+
+def _grid(values: Sequence[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
+    """Per-row tensors, left-aligned into one ``(rows, width)`` tensor (zeros after each row's end)."""
+    rows = [v if len(v) == width else torch.cat([v, v.new_zeros(width - len(v))]) for v in values]
+    return torch.stack(rows).to(device) if rows else torch.zeros((0, width), device=device)
+
+
+@dataclass
+class PackedGRPOConfig(GRPOConfig):
+    """``GRPOConfig`` with the shared-prefix forward's two settings (read by :class:`SharedPrefixMixin`)."""
+
+    shared_prefix: bool = field(
+        default=True, metadata={"help": "Encode the prefix that rows share once (exact; see envace_gym.packing)."}
+    )
+    pack_tokens: int = field(
+        default=DEFAULT_PACK_TOKENS,
+        metadata={"help": "Positions per packed forward; more packs than one are recomputed in the backward."},
+    )
+
+
+class RealToolsGRPOTrainer(SharedPrefixMixin, GRPOTrainer):
+    """TRL's ``GRPOTrainer`` (the real-tools baseline, or any GRPO run) with the shared-prefix forward; give it
+    a :class:`PackedGRPOConfig` to set the packing, or a plain ``GRPOConfig`` for the defaults."""
+
+
+# ----------------------------------------------------------------------------------------------------
 # Role-wise GRPO: every generation its own row
 # ----------------------------------------------------------------------------------------------------
 @dataclass
-class EnvACEGRPOConfig(GRPOConfig):
+class EnvACEGRPOConfig(PackedGRPOConfig):
     """``GRPOConfig`` with the EnvACE settings; defaults follow the paper (METHOD.md).
 
     ``scale_rewards="none"`` (A = R - mean, no std), ``delta=3.0`` (TRL's two-sided clipping caps the ratio of
@@ -162,7 +257,7 @@ class EnvACEGRPOConfig(GRPOConfig):
     loss_type: str = field(default="dapo", metadata={"help": "Token-mean over the batch."})
 
 
-class EnvACEGRPOTrainer(GRPOTrainer):
+class EnvACEGRPOTrainer(SharedPrefixMixin, GRPOTrainer):
     """``GRPOTrainer`` whose generation step plays world-rehearsal episodes and trains both roles.
 
     Args:
