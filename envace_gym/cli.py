@@ -54,12 +54,14 @@ def _bench_train(args: argparse.Namespace) -> int:
     from .bench import format_table, machine_line
     from .bench_train import run_train_bench
 
-    sizes = dict(sft_tasks=2, sft_steps=2, sft_batch_size=2, group_size=2, max_new_tokens=16) if args.quick else {}
+    quick = dict(sft_tasks=2, sft_steps=2, sft_batch_sizes=(2, 4), plain_rows=2, group_size=2, max_new_tokens=16)
+    sizes = quick if args.quick else {}
     if args.max_new_tokens is not None:
         sizes["max_new_tokens"] = args.max_new_tokens
     measures = run_train_bench(
-        model=args.model, domain=args.domain, seed=args.seed, log=lambda m: print(m, flush=True), **sizes
-    )
+        model=args.model, domain=args.domain, seed=args.seed, work_dir=args.work_dir,
+        log=lambda m: print(m, flush=True), **sizes,
+    )  # fmt: skip
     header = f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}; training, float32"
     table = format_table(measures, header)
     print("\n" + table)
@@ -227,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--train",
         action="store_true",
         help="measure training instead: the shared-prefix forward against the plain per-row forward (SFT, GRPO)",
+    )
+    bench.add_argument(
+        "--work-dir", default=None, help="--train: keep rollouts and results here, so a rerun resumes (default: none)"
     )
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     bench.add_argument("--seed", type=int, default=0)

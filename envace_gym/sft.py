@@ -242,6 +242,7 @@ def run_sft(
     gradient_checkpointing: bool = False,
     shared_prefix: bool = True,
     pack_tokens: int = DEFAULT_PACK_TOKENS,
+    gradient_accumulation_steps: int = 1,
 ) -> Any:
     """Fine-tune ``model`` on the completions of ``dataset`` with :class:`PackedSFTTrainer`; returns the trainer
     (``trainer.model`` is the fine-tuned model; with ``lora`` the adapters are merged before saving).
@@ -258,6 +259,7 @@ def run_sft(
         max_steps=max_steps,
         learning_rate=learning_rate,
         per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
         completion_only_loss=True,
         max_length=None,
         logging_steps=logging_steps,

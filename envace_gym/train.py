@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .domains import make_domain
+from .memory import return_freed_memory
 from .packing import DEFAULT_PACK_TOKENS
 from .precision import DTYPES, resolve_dtype
 
@@ -74,7 +75,9 @@ class TrainConfig:
         metadata={"help": "Compute dtype: auto (bfloat16 where the hardware runs it faster), float32, bfloat16."},
     )
     gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute layers in the backward pass: far less memory, some more time (docs/performance.md)."}
+        default=False,
+        metadata={"help": "Recompute layers in the backward pass, and return freed memory to the OS at once: far "
+                  "less memory, some more time (docs/performance.md)."},
     )
     shared_prefix: bool = field(
         default=True, metadata={"help": "Shared-prefix forward: encode the prefix that rows share once (exact)."}
@@ -172,6 +175,8 @@ def _peft(config: TrainConfig) -> Any:
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run the training ``config`` describes; returns where things were written and the last metrics."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if config.gradient_checkpointing:  # the setting that asks for less memory (envace_gym.memory says why)
+        return_freed_memory()
     started = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -41,3 +41,13 @@ def test_bench_quick_on_the_tiny_model(capsys, tmp_path):
     for measure in ("collector vs raw generate", "naive single-env loop", "turn", "ToolRegistry.validate"):
         assert measure in table
     assert table.count("\n| ") >= 8  # header, separator and seven measures
+
+
+def test_bench_train_quick_on_the_tiny_model(tmp_path):
+    out = tmp_path / "train.md"
+    assert main(["bench", "--train", "--model", "tiny", "--quick", "--out", str(out)]) == 0
+    table = out.read_text()
+    for measure in ("(a) SFT steps", "(b) EnvACE separate", "(c) EnvACE inline", "(d) real tools", "bfloat16"):
+        assert measure in table
+    rows = [line for line in table.splitlines() if line.startswith("| (")]
+    assert all(float(line.split("|")[4]) > 0 for line in rows)  # every ratio measured

@@ -189,3 +189,21 @@ def test_lora_and_tensorboard(tiny_path, tmp_path):
     config = json.loads((out / "final" / "config.json").read_text())
     assert "quantization_config" not in config and not (out / "final" / "adapter_config.json").exists()  # merged
     assert list(out.rglob("events.out.tfevents.*")), "tensorboard wrote no event file"
+
+
+def test_sft_epochs_rule_unless_steps_is_set(tiny_path, tmp_path, capsys):
+    from envace_gym.sft import sft_dataset
+    from envace_gym.testing import tiny_tokenizer
+
+    rows = len(sft_dataset("units", tiny_tokenizer(), "train", 2))
+    base = ["train", "--mode", "sft", "--model", tiny_path, "--domain", "units", "--sft_tasks", "2", "--sft_batch_size", "4"]
+    out = tmp_path / "epochs"
+    assert main([*base, "--sft_epochs", "2", "--output_dir", str(out)]) == 0
+    planned = 2 * -(-rows // 4)
+    assert f"2 epochs = {planned} optimizer steps" in capsys.readouterr().out
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["last"]["epoch"] == 2 and summary["last"]["step"] == planned
+    out = tmp_path / "limited"
+    assert main([*base, "--sft_epochs", "2", "--steps", "1", "--output_dir", str(out)]) == 0
+    assert "1 optimizer steps (--steps" in capsys.readouterr().out
+    assert json.loads((out / "train_summary.json").read_text())["last"]["step"] == 1

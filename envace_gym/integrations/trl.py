@@ -38,6 +38,7 @@ from ..advantages import rolewise_advantages
 from ..packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 from ..domains import CallRecord, Domain, Task, Trajectory, make_domain
 from ..policy import SamplingParams, TransformersPolicy
+from ..precision import resolve_dtype
 from ..rollout import RolloutBatch, collect_rollouts
 from ..simulator import RehearsalConfig
 from ..tools import ToolCall
@@ -218,8 +219,15 @@ def _grid(values: Sequence[torch.Tensor], width: int, device: torch.device) -> t
 
 @dataclass
 class PackedGRPOConfig(GRPOConfig):
-    """``GRPOConfig`` with the shared-prefix forward's two settings (read by :class:`SharedPrefixMixin`)."""
+    """``GRPOConfig`` with the shared-prefix forward's two settings (read by :class:`SharedPrefixMixin`), and two
+    defaults of its own: ``bf16`` unset means bfloat16 only where the hardware runs it faster
+    (:func:`envace_gym.precision.resolve_dtype`; TRL's default is ``True``, which on a CPU without native
+    bfloat16 runs ~80x slower), and gradient checkpointing is off (TRL's default is on; the packs bound memory,
+    ``activation_checkpointing=True`` lowers it further at some cost in time)."""
 
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing (default: off)."}
+    )
     shared_prefix: bool = field(
         default=True, metadata={"help": "Encode the prefix that rows share once (exact; see envace_gym.packing)."}
     )
@@ -227,6 +235,12 @@ class PackedGRPOConfig(GRPOConfig):
         default=DEFAULT_PACK_TOKENS,
         metadata={"help": "Positions per packed forward; more packs than one are recomputed in the backward."},
     )
+
+    def __post_init__(self) -> None:
+        if self.bf16 is None and not self.fp16:
+            on_gpu = torch.cuda.is_available() and not self.use_cpu
+            self.bf16 = resolve_dtype("auto", "cuda" if on_gpu else "cpu") == torch.bfloat16
+        super().__post_init__()
 
 
 class RealToolsGRPOTrainer(SharedPrefixMixin, GRPOTrainer):
