@@ -76,9 +76,8 @@ def _grpo_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from dataclasses import replace
 
     from .policy import make_policy
-    from .trainer import TrainerConfig, _micro_batches, grpo_loss
-
     from .rollout import Sample
+    from .trainer import TrainerConfig, _micro_batches, grpo_loss
 
     with open(spec["rows"], encoding="utf-8") as f:
         rows = [Sample(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()})
@@ -271,7 +270,11 @@ def _sft_measures(run, spec, tasks, steps, batch_sizes, plain_rows, log) -> list
         out.append(
             Measure(
                 f"(a) SFT steps, batch {batch}: shared-prefix (one forward) vs TRL's per-row forward ({how})",
-                _rate(ours), _rate(plain), _ratio(ours, plain), ">= 3", ours["peak"],
+                _rate(ours),
+                _rate(plain),
+                _ratio(ours, plain),
+                ">= 3",
+                ours["peak"],
                 f"{ours['rows']} rows, {ours['trained']} trained of {ours['tokens']} tokens; {_seconds(ours)} vs "
                 f"{_seconds(plain)}; plain peak {plain.get('peak', float('nan')):,.0f} MiB",
             )  # fmt: skip
@@ -282,7 +285,11 @@ def _sft_measures(run, spec, tasks, steps, batch_sizes, plain_rows, log) -> list
             out.append(
                 Measure(
                     f"(a) SFT steps, batch {batch}: shared-prefix with vs without gradient checkpointing",
-                    _rate(ckpt), _rate(ours), _ratio(ckpt, ours), "peak <= 4,096 MiB", ckpt["peak"],
+                    _rate(ckpt),
+                    _rate(ours),
+                    _ratio(ckpt, ours),
+                    "peak <= 4,096 MiB",
+                    ckpt["peak"],
                     f"{_seconds(ckpt)} vs {_seconds(ours)}",
                 )  # fmt: skip
             )
@@ -301,7 +308,10 @@ def _grpo_measures(run, spec, log) -> list[Measure]:
         out.append(
             Measure(
                 f"{label} GRPO batch: shared-prefix vs per-row forward",
-                _rate(ours), _rate(plain), _ratio(ours, plain), ">= 3" if workload == "separate" else "",
+                _rate(ours),
+                _rate(plain),
+                _ratio(ours, plain),
+                ">= 3" if workload == "separate" else "",
                 ours["peak"],
                 f"{ours['rows']} rows, {ours['trained']} trained of {ours['tokens']} tokens; {_seconds(ours)} vs "
                 f"{_seconds(plain)}; padded peak {plain.get('peak', float('nan')):,.0f} MiB",
@@ -316,7 +326,11 @@ def _grpo_measures(run, spec, log) -> list[Measure]:
         out.append(
             Measure(
                 f"EnvACE separate step / real-tools step, same episodes, {how}",
-                _seconds(sep), _seconds(real), 1 / _ratio(sep, real), "<= 1.3", sep["peak"],
+                _seconds(sep),
+                _seconds(real),
+                1 / _ratio(sep, real),
+                "<= 1.3",
+                sep["peak"],
                 f"{sep['trained']} vs {real['trained']} trained tokens",
             )  # fmt: skip
         )
@@ -330,7 +344,11 @@ def _dtype_measures(run, spec, tokens, log) -> list[Measure]:
     return [
         Measure(
             f"bfloat16 (autocast) vs float32, forward + backward of a {tokens}-token pack",
-            _seconds(b16), _seconds(f32), _ratio(b16, f32), "> 1 to use it", b16["peak"],
+            _seconds(b16),
+            _seconds(f32),
+            _ratio(b16, f32),
+            "> 1 to use it",
+            b16["peak"],
             "`--dtype auto` picks bfloat16 only where it is faster",
         )  # fmt: skip
     ]

@@ -214,7 +214,11 @@ def unwrap(model: Any) -> Any:
 def checkpoints_layers(model: Any) -> bool:
     """Whether the model recomputes its own layers in the backward pass (gradient checkpointing)."""
     model = unwrap(model)
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    name = (
+        "is_activation_checkpointing"
+        if hasattr(type(model), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
     return bool(getattr(model, name, False))
 
 

@@ -281,8 +281,9 @@ class TransformersPolicy:
         stopper = _StopStrings(self.tokenizer, params.stop, width) if params.stop else None
         extra = {} if cache is None else {"cache": cache}
         devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, enabled=params.seed is not None), autocast(
-            self.compute_dtype, device
+        with (
+            torch.random.fork_rng(devices=devices, enabled=params.seed is not None),
+            autocast(self.compute_dtype, device),
         ):
             if params.seed is not None:
                 torch.manual_seed(params.seed)

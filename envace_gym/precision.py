@@ -18,7 +18,7 @@ import torch
 DTYPES = ("auto", "float32", "bfloat16")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bf16_speedup(device_type: str = "cpu") -> float:
     """How many times faster a bfloat16 matmul runs than a float32 one here (measured once per process)."""
     if device_type != "cpu":

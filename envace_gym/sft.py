@@ -161,10 +161,14 @@ class PackedSFTTrainer(SFTTrainer):
             return TaskGroupedSampler(self.row_groups, seed=self.args.seed)
         return super()._get_train_sampler(train_dataset)
 
-    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None):
+    def compute_loss(
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ):
         rows = None if return_outputs or not self._packs(model, inputs) else _completion_rows(inputs)
         if not rows:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
         mode = "train" if self.model.training else "eval"
         prompts, completions, weights = rows
         scores = completion_scores(model, prompts, completions, budget=self.pack_tokens)

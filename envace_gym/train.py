@@ -44,8 +44,10 @@ class TrainConfig:
     )
     steps: int | None = field(
         default=None,
-        metadata={"help": "Optimizer steps (GRPO: one per batch of rollouts; default 20). SFT: a limit on top of "
-                  "--sft_epochs (default: none, the epochs rule)."},
+        metadata={
+            "help": "Optimizer steps (GRPO: one per batch of rollouts; default 20). SFT: a limit on top of "
+            "--sft_epochs (default: none, the epochs rule)."
+        },
     )
     tasks_per_step: int = field(
         default=2, metadata={"help": "Tasks per GRPO batch; each gives a group of group_size episodes."}
@@ -76,8 +78,10 @@ class TrainConfig:
     )
     gradient_checkpointing: bool = field(
         default=False,
-        metadata={"help": "Recompute layers in the backward pass, and return freed memory to the OS at once: far "
-                  "less memory, some more time (docs/performance.md)."},
+        metadata={
+            "help": "Recompute layers in the backward pass, and return freed memory to the OS at once: far "
+            "less memory, some more time (docs/performance.md)."
+        },
     )
     shared_prefix: bool = field(
         default=True, metadata={"help": "Shared-prefix forward: encode the prefix that rows share once (exact)."}

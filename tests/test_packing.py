@@ -107,9 +107,7 @@ def test_packed_logprobs_loss_and_gradients_equal_the_plain_forward(budget, temp
     )  # fmt: skip
     packed = loss_and_grads(
         model,
-        lambda: [
-            lp for lp in completion_logprobs(model, prompts, completions, temperature, budget=budget) if len(lp)
-        ],
+        lambda: [lp for lp in completion_logprobs(model, prompts, completions, temperature, budget=budget) if len(lp)],
     )
     packs = plan_packs([p + c for p, c in zip(prompts, completions, strict=True) if c], budget)
     assert (len(packs) > 1) == (budget == 60)
@@ -145,8 +143,8 @@ def test_eager_attention_and_another_family_take_the_mask():
         prompts, completions = ragged_rows(model.config.vocab_size, seed=2)
         keep = [i for i, c in enumerate(completions) if c]
         prompts, completions = [prompts[i] for i in keep], [completions[i] for i in keep]
-        plain = loss_and_grads(model, lambda m=model: plain_scores(m, prompts, completions).logprobs)
-        packed = loss_and_grads(model, lambda m=model: completion_logprobs(m, prompts, completions))
+        plain = loss_and_grads(model, lambda m=model, p=prompts, c=completions: plain_scores(m, p, c).logprobs)
+        packed = loss_and_grads(model, lambda m=model, p=prompts, c=completions: completion_logprobs(m, p, c))
         assert_same(plain, packed)
 
 

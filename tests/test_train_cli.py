@@ -196,7 +196,19 @@ def test_sft_epochs_rule_unless_steps_is_set(tiny_path, tmp_path, capsys):
     from envace_gym.testing import tiny_tokenizer
 
     rows = len(sft_dataset("units", tiny_tokenizer(), "train", 2))
-    base = ["train", "--mode", "sft", "--model", tiny_path, "--domain", "units", "--sft_tasks", "2", "--sft_batch_size", "4"]
+    base = [
+        "train",
+        "--mode",
+        "sft",
+        "--model",
+        tiny_path,
+        "--domain",
+        "units",
+        "--sft_tasks",
+        "2",
+        "--sft_batch_size",
+        "4",
+    ]
     out = tmp_path / "epochs"
     assert main([*base, "--sft_epochs", "2", "--output_dir", str(out)]) == 0
     planned = 2 * -(-rows // 4)

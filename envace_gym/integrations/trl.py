@@ -35,8 +35,8 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad, use_adapter
 
 from ..advantages import rolewise_advantages
-from ..packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 from ..domains import CallRecord, Domain, Task, Trajectory, make_domain
+from ..packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 from ..policy import SamplingParams, TransformersPolicy
 from ..precision import resolve_dtype
 from ..rollout import RolloutBatch, collect_rollouts
