@@ -58,6 +58,9 @@ class PrefixTree:
         scored: The positions whose next-token log-probability is needed, ascending.
         targets: The token each scored position predicts.
         row_scores: Per input row, the index into ``scored`` of each of its scored tokens, in order.
+        segments: The runs of positions each row added, in layout order (they tile the sequence), each with
+            the positions of its ancestors: ``(start, end, ancestors)``. Attention can run run by run: a run's
+            queries see its ancestors and, causally, itself.
     """
 
     tokens: np.ndarray
@@ -66,6 +69,7 @@ class PrefixTree:
     scored: np.ndarray
     targets: np.ndarray
     row_scores: tuple[np.ndarray, ...]
+    segments: tuple[tuple[int, int, np.ndarray], ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -98,6 +102,7 @@ def build_tree(rows: Sequence[Sequence[int]], starts: Sequence[int]) -> PrefixTr
     end = np.empty(total, dtype=np.int64)
     target = np.full(total, -1, dtype=np.int64)  # the next token a node must predict, once a row scores it
     paths: list[np.ndarray | None] = [None] * len(arrays)
+    segments: list[tuple[int, int, np.ndarray]] = []
     size, prev, prev_path = 0, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     for i in _sorted(rows):
         row, start = arrays[i], starts[i]
@@ -108,6 +113,8 @@ def build_tree(rows: Sequence[Sequence[int]], starts: Sequence[int]) -> PrefixTr
                 shared = d
                 break
         new = len(row) - shared
+        if new:
+            segments.append((size, size + new, prev_path[:shared]))
         tokens[size : size + new] = row[shared:]
         depth[size : size + new] = np.arange(shared, len(row))
         path = np.concatenate([prev_path[:shared], np.arange(size, size + new)])
@@ -120,7 +127,7 @@ def build_tree(rows: Sequence[Sequence[int]], starts: Sequence[int]) -> PrefixTr
     row_scores = tuple(
         np.searchsorted(scored, p[s - 1 : len(a) - 1]) for p, s, a in zip(paths, starts, arrays, strict=True)
     )
-    return PrefixTree(tokens[:size], depth[:size], end[:size], scored, target[scored], row_scores)
+    return PrefixTree(tokens[:size], depth[:size], end[:size], scored, target[scored], row_scores, tuple(segments))
 
 
 def _sorted(rows: Sequence[Sequence[int]]) -> list[int]:
@@ -242,18 +249,121 @@ def _config_reason(model: Any) -> str | None:
     return None
 
 
-def _mask_for(model: Any, visible: torch.Tensor) -> torch.Tensor:
-    """The 4-D mask as additive floats (0 where attended, the dtype's minimum elsewhere) in the dtype attention
-    runs in. SDPA and eager attention both take it as is, and every layer keeps the same tensor for its
-    backward pass; a boolean mask would be converted, and kept, once per layer (~1.5 GB more at 2,600 positions
-    on a 30-layer model)."""
-    device = visible.device
+def _attention_dtype(model: Any, device: torch.device) -> torch.dtype:
     if torch.is_autocast_enabled(device.type):
-        dtype = torch.get_autocast_dtype(device.type)
-    else:
-        dtype = next(model.parameters()).dtype
-    additive = torch.zeros(visible.shape, dtype=dtype, device=device)
-    return additive.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+        return torch.get_autocast_dtype(device.type)
+    return next(model.parameters()).dtype
+
+
+def _dense_mask(tree: PrefixTree, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``(1, 1, N, N)`` additive floats: 0 where a position attends, the dtype's minimum elsewhere. One tensor
+    that every layer keeps for its backward (a boolean mask would be converted, and kept, once per layer)."""
+    additive = torch.zeros((len(tree), len(tree)), dtype=dtype, device=device)
+    return additive.masked_fill_(~tree.visible(device), torch.finfo(dtype).min)[None, None]
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_METADATA = (torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__, torch.Tensor.dim)
+
+
+class TreeMask(torch.Tensor):
+    """The prefix tree's attention mask as the model sees it: a ``(1, 1, N, N)`` tensor that SDPA computes run
+    by run (:attr:`PrefixTree.segments`), so attention costs what the tree needs, not ``N x N``.
+
+    ``scaled_dot_product_attention`` called with it as ``attn_mask`` runs one SDPA per run: the run's queries
+    against its ancestors' keys and, causally, its own. Any other operation on it (a model that slices or adds
+    its mask) gets the dense additive mask, built on first use, so the result is right either way.
+    """
+
+    tree: PrefixTree
+    _dense: torch.Tensor | None
+    _runs: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] | None
+
+    @staticmethod
+    def __new__(cls, tree: PrefixTree, dtype: torch.dtype, device: torch.device) -> TreeMask:
+        shell = torch.zeros((), dtype=dtype, device=device).expand(1, 1, len(tree), len(tree))  # no N x N memory
+        mask = torch.Tensor._make_subclass(cls, shell)
+        mask.tree, mask._dense, mask._runs = tree, None, None
+        return mask
+
+    def dense(self) -> torch.Tensor:
+        if self._dense is None:
+            self._dense = _dense_mask(self.tree, self.dtype, self.device)
+        return self._dense
+
+    def runs(self) -> list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]]:
+        """Per run: its span, the positions of the keys it sees (ancestors, then itself) and its additive mask
+        (``None`` for a root run, which is plain causal attention). Built once, used by every layer."""
+        if self._runs is None:
+            dtype, device, low = self.dtype, self.device, torch.finfo(self.dtype).min
+            self._runs = []
+            for start, end, ancestors in self.tree.segments:
+                if len(ancestors) == 0:
+                    self._runs.append((start, end, None, None))
+                    continue
+                own = torch.arange(start, end, device=device)
+                index = torch.cat([torch.as_tensor(ancestors, device=device), own])
+                mask = torch.zeros((end - start, len(index)), dtype=dtype, device=device)
+                mask[:, len(ancestors) :] = torch.full((end - start,) * 2, low, dtype=dtype, device=device).triu(1)
+                self._runs.append((start, end, index, mask))
+        return self._runs
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            call = {**dict(zip(_SDPA_ARGS, args, strict=False)), **kwargs}
+            mask = call.pop("attn_mask", None)
+            if isinstance(mask, TreeMask) and not call.get("is_causal", False):
+                return _tree_attention(mask, **call)
+        with torch._C.DisableTorchFunctionSubclass():
+            if func in _METADATA:
+                return func(*args, **kwargs)
+            plain = lambda x: x.dense() if isinstance(x, TreeMask) else x  # noqa: E731
+            return func(*[plain(a) for a in args], **{k: plain(v) for k, v in kwargs.items()})
+
+
+def _tree_attention(
+    mask: TreeMask,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """SDPA over the tree, one run at a time: the run's queries see its ancestors' keys and, causally, its own."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    outputs = []
+    for start, end, index, run_mask in mask.runs():
+        q = query[:, :, start:end]
+        if index is None:  # a root run
+            k, v = key[:, :, start:end], value[:, :, start:end]
+        else:
+            k, v = key.index_select(2, index), value.index_select(2, index)
+        outputs.append(
+            sdpa(
+                q,
+                k,
+                v,
+                attn_mask=run_mask,
+                dropout_p=dropout_p,
+                is_causal=index is None,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
+        )
+    return torch.cat(outputs, dim=2)
+
+
+def _mask_for(model: Any, tree: PrefixTree, device: torch.device) -> torch.Tensor:
+    """The mask in the form the model's attention takes it: a :class:`TreeMask` for SDPA (attention at the
+    tree's cost), the dense additive mask for eager attention."""
+    dtype = _attention_dtype(model, device)
+    if getattr(_text_config(model), "_attn_implementation", None) == "sdpa":
+        return TreeMask(tree, dtype, device)
+    return _dense_mask(tree, dtype, device)
 
 
 def packing_support(model: Any) -> str | None:
@@ -312,7 +422,7 @@ def _tree_flat(model: Any, tree: PrefixTree, temperature: float) -> tuple[torch.
     inner, device = unwrap(model), _device(model)
     out = model(
         input_ids=torch.as_tensor(tree.tokens, device=device)[None],
-        attention_mask=_mask_for(inner, tree.visible(device)),
+        attention_mask=_mask_for(inner, tree, device),
         position_ids=torch.as_tensor(tree.depth, device=device)[None],
         logits_to_keep=torch.as_tensor(tree.scored, device=device),
         use_cache=False,

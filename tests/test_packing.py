@@ -95,6 +95,31 @@ def test_plan_packs_keeps_sharing_rows_together_within_the_budget():
     assert plan_packs([[1] * 100], budget=10) == [[0]]  # a row longer than the budget is a pack of its own
 
 
+def test_tree_mask_runs_sdpa_run_by_run_and_is_dense_to_anything_else(monkeypatch):
+    rows = [[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6], [9, 8]]
+    tree = build_tree(rows, [3, 3, 2, 1])
+    mask = packing.TreeMask(tree, torch.float32, torch.device("cpu"))
+    assert mask.shape == (1, 1, 9, 9) and mask.dtype is torch.float32
+    dense = packing._dense_mask(tree, torch.float32, torch.device("cpu"))
+    assert torch.equal(mask + 0, dense) and torch.equal(mask[..., :4, :4], dense[..., :4, :4])
+    assert [(a, b, anc.tolist()) for a, b, anc in tree.segments] == [
+        (0, 4, []),
+        (4, 6, [0, 1]),
+        (6, 7, [0, 1]),
+        (7, 9, []),
+    ]
+    q, k, v = (torch.randn(1, 2, 9, 4) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    torch.testing.assert_close(sdpa(q, k, v, attn_mask=mask), sdpa(q, k, v, attn_mask=dense))
+    model = tiny_model(tiny_tokenizer(), seed=11)
+    assert packing_support(model) is None
+    calls, run_by_run = [], packing._tree_attention
+    monkeypatch.setattr(packing, "_tree_attention", lambda *a, **kw: calls.append(1) or run_by_run(*a, **kw))
+    with torch.no_grad():
+        completion_logprobs(model, [[5, 6, 7], [5, 6]], [[8, 9], [10]])
+    assert len(calls) == model.config.num_hidden_layers  # every layer's SDPA call took the run-by-run path
+
+
 # -- equality with the plain forward ------------------------------------------------------------------------
 @pytest.mark.parametrize("budget", [100_000, 60], ids=["one-pack", "several-packs-recomputed"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
