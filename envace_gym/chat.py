@@ -89,6 +89,20 @@ class ChatFormat:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
+    def display(self, ids: Sequence[int]) -> str:
+        """``ids`` as text that spells a special token only where ``ids`` hold one: the text between special
+        tokens is decoded and :meth:`neutralize` d, so tokenizing the result cannot open or re-role a turn."""
+        parts: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            if i in self.special_ids:
+                parts += [self.neutralize(self.decode(run)) if run else "", self.decode([i])]
+                run = []
+            else:
+                run.append(i)
+        parts.append(self.neutralize(self.decode(run)) if run else "")
+        return "".join(parts)
+
     def suffix(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """Text from just after an assistant turn's end token, through ``messages``, to the next
         assistant turn's opening (the generation prompt)."""

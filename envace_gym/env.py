@@ -39,8 +39,10 @@ class RehearsalEnv(gym.Env[str, str]):
     ## Observation Space
 
     :class:`~envace_gym.spaces.AnyText`: the next Act prompt, rendered by the policy's chat template with
-    the task's tools (a string ready to tokenize). ``info["messages"]`` holds the same conversation as
-    OpenAI-style messages.
+    the task's tools. It is safe to tokenize: a special-token string that the conversation holds as plain
+    text is broken by a zero-width space, in the ids too, so tokenizing the observation gives the episode's
+    ids exactly when the Act turns were passed as text (``env.unwrapped.episode.prompt_ids`` are the ids
+    in any case). ``info["messages"]`` holds the same conversation as OpenAI-style messages.
 
     ## Rewards
 

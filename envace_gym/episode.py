@@ -40,6 +40,7 @@ from .executors import ReferenceCache
 from .parsing import DEFAULT_LIMITS, RESULT_OPEN, Limits, parse_act, parse_execution_result, parse_result_json
 from .policy import Generation, SamplingParams
 from .simulator import EXECUTORS, RehearsalConfig, choose_route, rehearsal_messages, rehearsal_prompt
+from .text import clean_text
 from .tools import ToolCall
 
 logger = logging.getLogger("envace_gym")
@@ -140,7 +141,10 @@ class Episode:
         tokenizer: The policy's tokenizer (its chat template lays out the conversation).
         rng: A ``np_random``: every random choice of the episode (task routing in ``mixed``) comes from it.
         max_context: The policy's token budget (prompt + completion).
-        act_max_new_tokens: Tokens reserved for the next Act turn in the context guard.
+        act_max_new_tokens: Tokens reserved for the next Act turn in the context guard: the episode is
+            truncated once fewer are left. A driver that generates the Act turns reserves its generation
+            budget; one that replays text can reserve 0, since a text turn that does not fit ends the
+            episode (``truncation="context"``) when it arrives.
         key: Names this conversation for KV-cache reuse (see :mod:`envace_gym.sessions`).
     """
 
@@ -161,7 +165,7 @@ class Episode:
         self.chat = ChatFormat.of(tokenizer)
         self.registry = domain.tools_for(task)  # most domains share one registry; BFCL tasks bring their own
         self.whitelist = domain.whitelist(task)
-        self.tools_openai = self.registry.to_openai(self.whitelist)
+        self.tools_openai = self.registry.to_openai(self.whitelist, compact=True)  # the Act prompt's tools
         self.candidates = [self.registry[n] for n in self.whitelist]
         self.executor = None
         if config.executor in ("real", "mixed"):
@@ -172,11 +176,11 @@ class Episode:
         self.reference_pairs = task.reference_pairs()
         self.max_turns = config.max_turns or domain.max_turns
         self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": task.system_prompt or domain.system_prompt},
-            {"role": "user", "content": task.prompt},
+            {"role": "system", "content": clean_text(task.system_prompt or domain.system_prompt)},
+            {"role": "user", "content": clean_text(task.prompt)},
         ]
         # The conversation as ids: rendered and tokenized once here, then only appended to.
-        self.prompt_text = self.chat.render(render_for_model(self.messages), self.tools_openai)
+        self.prompt_text = self.chat.render(self._for_chat(self.messages), self.tools_openai)
         self.prompt_ids: list[int] = self.chat.encode(self.prompt_text)
         self.initial_prompt_ids = tuple(self.prompt_ids)
         self._ids: list[int] = []  # everything after the initial prompt ...
@@ -184,7 +188,7 @@ class Episode:
         self._mask: list[int] = []  # ... and which of it the policy wrote
         self._turn_open = False  # the last Act turn was cut before its end token
         self.rows: list[Row] = []  # separate mode: one row per generation
-        self.pending_user_turns = list(task.user_turns)
+        self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
         self.user_turns = 1
         self.turn = 0
         self.records: list[CallRecord] = []
@@ -195,7 +199,9 @@ class Episode:
 
     # -- views ----------------------------------------------------------------------------------------
     def observation(self) -> str:
-        """The next Act prompt as text (its ids are :attr:`prompt_ids`)."""
+        """The next Act prompt as text (its ids are :attr:`prompt_ids`). It spells a special token only where
+        the ids hold one: special-token strings that the conversation holds as plain text are broken by a
+        zero-width space, so tokenizing the observation cannot open or re-role a turn."""
         return self.prompt_text
 
     def encode(self, text: str) -> list[int]:
@@ -225,7 +231,7 @@ class Episode:
         opening, tail = self.chat.generation_prompt, self.chat.generation_prompt_ids
         if not self.prompt_text.endswith(opening) or self.prompt_ids[-len(tail) :] != tail:
             raise EnvACEError("the prompt does not end with the template's generation prompt")
-        insert = self.chat.insertion([{"role": role, "content": self.chat.neutralize(note)}]) + opening
+        insert = self.chat.insertion([{"role": role, "content": self.chat.neutralize(clean_text(note))}]) + opening
         return self.prompt_ids[: -len(tail)] + self.chat.encode(insert), self.prompt_text[: -len(opening)] + insert
 
     def episode_row(self) -> Row:
@@ -248,12 +254,30 @@ class Episode:
     ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
         """Play one Act turn. ``act`` is the generation that wrote ``action``, when there is one (its ids
         and log-probs are kept as they are); otherwise ``action`` is tokenized. Yields generation
-        requests; returns the outcome."""
+        requests; returns the outcome.
+
+        Whatever the environment's own parts raise during the turn (a tokenizer, a registry, a custom
+        domain's code) undoes the whole turn and ends the episode as truncated with its reward masked and
+        ``info["error"]`` an ``ENVIRONMENT_ERROR``: the episode never keeps half a turn.
+        """
         if self.done:
             raise EnvACEError("this episode is over; call reset() before step()")
-        self.turn += 1
+        saved = self._checkpoint()
+        try:
+            return (yield from self._step(clean_text(action) if isinstance(action, str) else action, act))
+        except Exception as exc:
+            return self._abort(saved, exc)
+
+    def _step(
+        self, action: str, act: Generation | None
+    ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
         info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
-        self._record_act(action, act, info)
+        ids, logprobs = self._act_ids(action, act)
+        if len(self.prompt_ids) + len(ids) > self.max_context:  # the turn itself does not fit: nothing of it is kept
+            info["truncation"], info["act"] = "context", None
+            return self._finish(info, terminated=False)
+        self.turn += 1
+        self._record_act(ids, logprobs, act, info)
         parsed = parse_act(action, self.config.limits)
         calls = [replace(c, id=f"call_{self.turn}_{i}") for i, c in enumerate(parsed.calls)]
         text = action[: self.config.limits.max_action_chars] if isinstance(action, str) else ""
@@ -387,7 +411,9 @@ class Episode:
             action,
             self.config.rehearsal,
         )
-        chat[1]["content"] = self.chat.neutralize(chat[1]["content"])  # the history and the Act turn are untrusted
+        for message in chat:  # reference data may hold unencodable text; the history and the Act turn are untrusted
+            message["content"] = clean_text(message["content"])
+        chat[1]["content"] = self.chat.neutralize(chat[1]["content"])
         return tuple(self.encode(rehearsal_prompt(self.tokenizer, chat, self.config.rehearsal)))
 
     def _tool_turn_inline(
@@ -434,7 +460,8 @@ class Episode:
                 self._append_text(_dump(error.to_payload()))
                 rest = after
             else:
-                self._append_ids(list(gen.completion_ids), gen.text, list(gen.logprobs), trained=True)
+                ids = list(gen.completion_ids)
+                self._append_ids(ids, self.chat.display(ids), list(gen.logprobs), trained=True)
                 self.messages.append(self._tool_message(call, content.strip()))
             if error is None:
                 responses[call.id] = read.result
@@ -457,8 +484,12 @@ class Episode:
             )
             return gen.text, after, error
         if closing and closing in gen.text:
+            end = gen.text.index(closing)
             cut = after.find(closing) + len(closing)
-            return gen.text[: gen.text.index(closing)], after[cut:], None
+            overshoot = gen.text[end + len(closing) :]  # a last token may reach past the stop string
+            if after.startswith(overshoot, cut):
+                cut += len(overshoot)
+            return gen.text[:end], after[cut:], None
         if not closing and ended_with_eos:
             cut = after.find(self.chat.eos_text) + len(self.chat.eos_text)
             return gen.text, after[cut:], None
@@ -490,24 +521,28 @@ class Episode:
         )
 
     # -- growing the conversation ---------------------------------------------------------------------
-    def _record_act(self, action: str, act: Generation | None, info: dict[str, Any]) -> None:
+    def _act_ids(self, action: str, act: Generation | None) -> tuple[list[int], list[float]]:
+        """The Act turn's ids and log-probs: the generation's own, or the text tokenized (log-probs 0)."""
+        if act is not None:
+            return list(act.completion_ids), list(act.logprobs)
+        text = action if isinstance(action, str) else ""
+        # An over-long action is rejected by the parser; only its head is kept in the chat, so the cost of
+        # recording it stays bounded whatever its length.
+        ids = self.chat.encode(self.chat.neutralize(text[: self.config.limits.max_action_chars]))
+        ids.append(self.chat.eos_id)
+        return ids, [0.0] * len(ids)
+
+    def _record_act(self, ids: list[int], logprobs: list[float], act: Generation | None, info: dict[str, Any]) -> None:
         prompt = tuple(self.prompt_ids)
         if act is not None:
-            ids, logprobs = list(act.completion_ids), list(act.logprobs)
             self.rows.append(Row("act", prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
-        else:
-            text = action if isinstance(action, str) else ""
-            # An over-long action is rejected by the parser; only its head is kept in the chat, so the cost of
-            # recording it stays bounded whatever its length.
-            ids = self.chat.encode_text(text[: self.config.limits.max_action_chars]) + [self.chat.eos_id]
-            logprobs = [0.0] * len(ids)
         info["act"] = {
             "prompt_ids": list(prompt),
             "completion_ids": list(ids),
             "logprobs": logprobs if act is not None else None,
             "generated": act is not None,
         }
-        self._append_ids(ids, self.chat.decode(ids), logprobs, trained=True)
+        self._append_ids(ids, self.chat.display(ids), logprobs, trained=True)
         self._turn_open = not ids or ids[-1] not in self.chat.stop_ids
 
     def _append_ids(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
@@ -530,11 +565,43 @@ class Episode:
         """Append tool or user messages to the conversation, as messages and as ids."""
         self.messages += messages
         self._close_turn()
-        self._append_text(self.chat.suffix(render_for_model(messages)))
+        self._append_text(self.chat.suffix(self._for_chat(messages)))
+
+    def _for_chat(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Messages as the template renders them into the ids: :func:`render_for_model`, with special-token
+        strings in their text broken (:meth:`ChatFormat.neutralize`) so no content can open or close a turn."""
+        return [
+            {**m, "content": self.chat.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
+            for m in render_for_model(messages)
+        ]
 
     def _tool_message(self, call: ToolCall, payload: Any) -> dict[str, Any]:
-        content = payload if isinstance(payload, str) else _dump(payload)
+        content = clean_text(payload) if isinstance(payload, str) else _dump(payload)
         return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+    # -- a turn undone ---------------------------------------------------------------------------------
+    def _checkpoint(self) -> tuple[Any, ...]:
+        """What a turn changes, as it was before the turn (lists only grow during a turn)."""
+        lengths = tuple(len(x) for x in (self.messages, self.prompt_ids, self._ids, self.rows, self.records))
+        return (lengths, len(self.answers), self.prompt_text, self._turn_open, list(self.pending_user_turns),
+                self.user_turns, self.turn)  # fmt: skip
+
+    def _abort(self, saved: tuple[Any, ...], exc: Exception) -> StepOutcome:
+        (n_messages, n_ids, n_trained, n_rows, n_records), n_answers, text, turn_open, pending, users, turn = saved
+        del self.messages[n_messages:], self.prompt_ids[n_ids:], self.rows[n_rows:], self.records[n_records:]
+        del self._ids[n_trained:], self._logprobs[n_trained:], self._mask[n_trained:], self.answers[n_answers:]
+        self.prompt_text, self._turn_open, self.pending_user_turns = text, turn_open, pending
+        self.user_turns, self.turn = users, turn
+        error = ToolError(
+            ErrorCode.ENVIRONMENT_ERROR,
+            f"the environment failed during this turn ({type(exc).__name__}: {exc}); the turn was undone"[:300],
+            {"exception": type(exc).__name__},
+            source="environment",
+        )
+        logger.warning("episode of %s ended: %s", self.task.id, error.message, exc_info=exc)
+        self.done, self.reward_result = True, RewardResult(None, {})
+        info = {"tool_calls": [], "calls": [], "rehearsals": [], "error": error.to_dict(), "act": None}
+        return self._outcome(0.0, False, True, info)
 
     # -- endings --------------------------------------------------------------------------------------
     def _after_errors(self, errors: list[ToolError], info: dict[str, Any]) -> StepOutcome:
@@ -581,7 +648,8 @@ class Episode:
 def _dump(value: Any) -> str:
     """A tool response as it enters the chat: JSON with ``<`` and ``>`` escaped (``\\u003c``, same value), so
     no content, real or rehearsed, can spell a special token or a ``<tool_call>`` tag into the conversation."""
-    return json.dumps(value, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
+    text = json.dumps(value, ensure_ascii=False)
+    return clean_text(text).replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 def _overflow(length: int, budget: int) -> ToolError:

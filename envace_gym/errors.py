@@ -35,6 +35,9 @@ class ErrorCode(str, enum.Enum):
     """The real executor crashed on a call that had passed validation."""
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     """The input broke one of the documented bounds (length, number of calls, JSON depth)."""
+    ENVIRONMENT_ERROR = "ENVIRONMENT_ERROR"
+    """A part of the environment itself (a tokenizer, a registry, a domain's code) raised during a turn; the
+    turn was undone and the episode ended, its reward masked."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,8 @@ class ToolError:
         code: One of :class:`ErrorCode`.
         message: One human-readable sentence; names the JSON path and the expectation when relevant.
         details: Machine-readable context (JSON-serialisable).
-        source: Which layer produced it: ``"parser"``, ``"registry"``, ``"rehearsal"`` or ``"executor"``.
+        source: Which layer produced it: ``"parser"``, ``"registry"``, ``"rehearsal"``, ``"executor"`` or
+            ``"environment"``.
     """
 
     code: ErrorCode

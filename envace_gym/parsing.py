@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ErrorCode, ToolError
+from .text import strict_loads
 from .tools import ToolCall, call_from_json
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -59,10 +60,6 @@ class ParsedAct:
         return not self.calls and self.error is None
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _nesting_depth(text: str) -> int:
     """Deepest bracket nesting outside strings: a cheap pre-check so deep input never reaches the recursion."""
     depth = best = 0
@@ -86,7 +83,8 @@ def _nesting_depth(text: str) -> int:
 
 
 def loads_json(text: str, limits: Limits = DEFAULT_LIMITS) -> tuple[Any, ToolError | None]:
-    """Strict JSON with bounds: ``(value, None)`` or ``(None, error)``."""
+    """Strict JSON with bounds: ``(value, None)`` or ``(None, error)``. Duplicate keys are an error; lone
+    surrogates that escapes such as ``"\\ud800"`` decode to are replaced (U+FFFD)."""
     if len(text) > limits.max_json_chars:
         return None, ToolError(
             ErrorCode.LIMIT_EXCEEDED,
@@ -101,7 +99,7 @@ def loads_json(text: str, limits: Limits = DEFAULT_LIMITS) -> tuple[Any, ToolErr
             {"limit": "max_json_depth", "value": depth},
         )
     try:
-        return json.loads(text, parse_constant=_refuse_constant), None
+        return strict_loads(text), None
     except (ValueError, RecursionError) as exc:
         return None, ToolError(ErrorCode.INVALID_TOOL_CALL_FORMAT, f"invalid JSON: {exc}"[:300])
 

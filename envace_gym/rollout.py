@@ -62,6 +62,7 @@ class EpisodeResult:
     rows: list[Row]
     episode_row: Row  # the whole episode as one row (what `inline` trains; in `separate` mode, Act tokens marked)
     error: dict[str, Any] | None = None
+    truncation: str | None = None  # why a truncated episode ended: "max_turns", "max_user_turns" or "context"
 
 
 @dataclass
@@ -149,7 +150,7 @@ def collect_rollouts(
             policy.tokenizer,
             np.random.default_rng([seed, g, k]),
             max_context=policy.max_context,
-            act_max_new_tokens=act_sampling.max_new_tokens,
+            act_max_new_tokens=act_sampling.max_new_tokens if act == "policy" else 0,  # text turns need no reserve
             key=g * group_size + k,
         )
         for g, task in enumerate(resolved)
@@ -233,4 +234,5 @@ def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeRe
         rows=rows,
         episode_row=whole,
         error=info.get("error"),
+        truncation=info.get("truncation"),
     )

@@ -57,7 +57,7 @@ def sft_rows(
     rows: list[dict[str, Any]] = []
     for task in tasks:
         task = task if isinstance(task, Task) else dom.task(task)
-        episode = Episode(dom, task, config, tokenizer, np.random.default_rng(0))
+        episode = Episode(dom, task, config, tokenizer, np.random.default_rng(0), act_max_new_tokens=0)  # text turns
         for turn in task.reference:
             if "act" in roles:
                 rows.append(_row(episode.prompt_ids, chat.encode(turn.text) + [chat.eos_id], "act", task.id))

@@ -105,8 +105,9 @@ Responder = Callable[[str], str]
 class ScriptedPolicy:
     """A policy that writes chosen texts: a list consumed in order, or a function of the decoded prompt.
 
-    Completion ids are the tokenized text plus the end-of-turn token; log-probabilities are zeros.
-    ``prompts`` records every decoded prompt it was given.
+    Completion ids are the tokenized text plus the end-of-turn token; a text holding one of the request's
+    stop strings is cut just after it, without the end token, as generation stops there. Log-probabilities
+    are zeros. ``prompts`` records every decoded prompt it was given.
     """
 
     def __init__(self, responses: Sequence[str] | Responder, tokenizer: PreTrainedTokenizerBase | None = None):
@@ -129,8 +130,13 @@ class ScriptedPolicy:
             decoded = self.tokenizer.decode(list(prompt))
             self.prompts.append(decoded)
             text = self._next(decoded)
+            ends = [text.find(stop) + len(stop) for stop in params.stop if stop and stop in text]
+            if ends:
+                text = text[: min(ends)]
             ids = self.tokenizer.encode(text, add_special_tokens=False)
-            if len(ids) < params.max_new_tokens:
+            if ends and len(ids) <= params.max_new_tokens:
+                finish = "stop"
+            elif len(ids) < params.max_new_tokens:
                 ids, finish = ids + [self._eos], "stop"
             else:  # cut like a real model would be, and say so
                 ids, finish = ids[: params.max_new_tokens], "length"

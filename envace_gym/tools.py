@@ -24,6 +24,7 @@ from jsonschema.exceptions import best_match
 from transformers.utils import get_json_schema
 
 from .errors import ErrorCode, SchemaError, ToolError, UnknownToolError
+from .text import strict_loads
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 _DEFAULT_VALIDATOR = jsonschema.Draft202012Validator
@@ -335,12 +336,36 @@ class ToolSchema:
         raise SchemaError(f"cannot make a tool schema from {type(obj).__name__}")
 
     # -- export -------------------------------------------------------------------------------------
-    def to_openai(self) -> dict[str, Any]:
-        """The entry ``apply_chat_template(tools=[...])`` expects."""
-        fn: dict[str, Any] = {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
-        if self.returns is not None:
+    def to_openai(self, compact: bool = False) -> dict[str, Any]:
+        """The entry ``apply_chat_template(tools=[...])`` expects.
+
+        ``compact`` leaves out what the Act role need not read, to keep prompts short: the ``returns`` schema
+        (the Rehearse role's prompt shows it) and JSON Schema ``title`` annotations (pydantic writes one per
+        property, repeating its name)."""
+        parameters = _without_titles(self.parameters) if compact else dict(self.parameters)
+        fn: dict[str, Any] = {"name": self.name, "description": self.description, "parameters": parameters}
+        if self.returns is not None and not compact:
             fn["returns"] = dict(self.returns)
         return {"type": "function", "function": fn}
+
+
+def _without_titles(schema: Any) -> Any:
+    """``schema`` without its ``title`` annotations (a property *named* ``title`` stays)."""
+    if isinstance(schema, list):
+        return [_without_titles(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(value, Mapping):
+            out[key] = {name: _without_titles(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties", "not", "contains", "anyOf", "oneOf", "allOf", "prefixItems"):
+            out[key] = _without_titles(value)
+        else:
+            out[key] = value
+    return out
 
 
 def _mentions_bfcl_types(schema: Any) -> bool:
@@ -444,7 +469,7 @@ def call_from_json(obj: Any) -> ToolCall | ToolError:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = strict_loads(args) if args.strip() else {}
         except (ValueError, RecursionError):
             return ToolError(
                 ErrorCode.INVALID_TOOL_CALL_FORMAT,
@@ -533,6 +558,7 @@ class ToolRegistry:
             )
         return ValidationResult(parsed, schema.validate_arguments(parsed.arguments))
 
-    def to_openai(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        """OpenAI tool list for ``apply_chat_template(tools=...)``, restricted to ``names`` if given."""
-        return [self[n].to_openai() for n in (self._tools if names is None else names)]
+    def to_openai(self, names: Iterable[str] | None = None, compact: bool = False) -> list[dict[str, Any]]:
+        """OpenAI tool list for ``apply_chat_template(tools=...)``, restricted to ``names`` if given
+        (``compact``: see :meth:`ToolSchema.to_openai`)."""
+        return [self[n].to_openai(compact) for n in (self._tools if names is None else names)]

@@ -218,12 +218,46 @@ def test_truncation_at_max_turns():
 
 
 def test_context_guard_truncates(tiny):
-    small = type(tiny)(tiny.model, tiny.tokenizer, max_context=1150)
+    probe = make("bank", tiny, executor="real")
+    probe.reset(options={"task": "bank/000"})
+    room = len(probe.unwrapped.episode.prompt_ids) + 64 + 8  # the opening prompt and one 64-token turn, barely
+    small = type(tiny)(tiny.model, tiny.tokenizer, max_context=room)
     env = make("bank", small, executor="real", act_sampling=SamplingParams(max_new_tokens=64))
     env.reset(options={"task": "bank/000"})
     task = env.unwrapped.episode.task
     infos = [env.step(turn.text)[4] for turn in task.reference[:1]]
     assert infos[-1]["truncation"] == "context"
+
+
+def test_text_turns_reserve_nothing_and_one_that_does_not_fit_ends_the_episode_whole():
+    from envace_gym.batching import run_lockstep
+    from envace_gym.episode import Episode, EpisodeConfig
+    from envace_gym.rollout import collect_rollouts
+
+    domain = make_domain("bank")
+    task = domain.task("bank/000")
+    policy = ScriptedPolicy([])
+    rng = np.random.default_rng(0)
+
+    def episode(max_context):
+        return Episode(domain, task, EpisodeConfig(executor="real"), policy.tokenizer, rng, max_context=max_context,
+                       act_max_new_tokens=0)  # fmt: skip
+
+    probe = episode(1_000_000)
+    run_lockstep([probe.step(task.reference[0].text)], policy, rng)
+    fits = len(probe.prompt_ids)  # exactly the first turn and its answer
+    played = episode(fits)
+    (first,) = run_lockstep([played.step(task.reference[0].text)], policy, rng)
+    assert not (first.terminated or first.truncated) and played.prompt_ids == probe.prompt_ids
+    before = (list(played.prompt_ids), list(played.messages))
+    (second,) = run_lockstep([played.step(task.reference[1].text)], policy, rng)
+    assert second.truncated and second.info["truncation"] == "context" and played.turn == 1
+    assert (played.prompt_ids, played.messages) == before  # nothing of the turn that did not fit was kept
+    # a replay reserves nothing for Act turns it does not generate: two turns fit exactly, both are played
+    run_lockstep([probe.step(task.reference[1].text)], policy, rng)
+    policy.max_context = len(probe.prompt_ids)
+    (result,) = collect_rollouts(policy, domain, [task], executor="real", act="reference").episodes
+    assert result.turns >= 2
 
 
 def test_returns_schema_failures_are_resampled():

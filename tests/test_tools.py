@@ -195,6 +195,31 @@ def test_registry_errors_and_export(tokenizer):
     assert '"name": "search"' in rendered and "<tools>" in rendered
 
 
+def test_compact_export_leaves_out_returns_and_title_annotations():
+    schema = ToolSchema.from_openai(
+        {
+            "name": "note",
+            "description": "Write a note.",
+            "parameters": {
+                "title": "parameters",
+                "type": "object",
+                "properties": {
+                    "title": {"title": "Title", "type": "string"},  # a property named "title" stays
+                    "tags": {"title": "Tags", "type": "array", "items": {"title": "Tag", "type": "string"}},
+                },
+            },
+            "returns": {"type": "object"},
+        }
+    )
+    full, compact = schema.to_openai()["function"], schema.to_openai(compact=True)["function"]
+    assert full["returns"] == {"type": "object"} and "returns" not in compact
+    assert compact["parameters"] == {
+        "type": "object",
+        "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    }
+    assert full["parameters"]["properties"]["title"]["title"] == "Title"  # the schema itself is unchanged
+
+
 # -- the fast path agrees with jsonschema -----------------------------------------------------------------
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -15,6 +15,7 @@ from envace_gym.executors import ToolExecutor
 from envace_gym.tools import ToolCall, ToolRegistry, ToolSchema
 
 from .checker import check_calls
+from .schemas import call_examples, lenient, possible_answer_examples
 
 INSTALL_HINT = "run `make benchmarks` (pip install --no-deps bfcl-eval==2026.3.23, plus mpmath)"
 SINGLE_TURN = (
@@ -64,6 +65,19 @@ def _concrete(allowed: Any) -> Any:
     if isinstance(allowed, list) and allowed and all(isinstance(x, dict) for x in allowed):
         return [first(x) for x in allowed]
     return allowed
+
+
+_OMITTED = object()
+
+
+def _first_allowed(params: dict[str, list]) -> dict[str, Any]:
+    """Each parameter's first non-empty allowed value (``""`` marks a parameter that may be left out)."""
+    out = {}
+    for key, allowed in params.items():
+        first = next((x for x in allowed or () if not (isinstance(x, str) and x == "")), _OMITTED)
+        if first is not _OMITTED:
+            out[key] = first
+    return out
 
 
 def categories() -> list[str]:
@@ -192,7 +206,7 @@ class BFCLDomain(Domain):
             reference = tuple(turns_out)
         elif answer:
             calls = tuple(
-                ToolCall(name, {k: _concrete(v[0]) for k, v in params.items() if v and v[0] != ""})
+                ToolCall(name, {k: _concrete(first) for k, first in _first_allowed(params).items()})
                 for expected in answer
                 for name, params in expected.items()
             )
@@ -223,12 +237,25 @@ class BFCLDomain(Domain):
         raise DomainError("BFCL tasks bring their own tools: use tools_for(task)")
 
     def tools_for(self, task: Task) -> ToolRegistry:
+        """The entry's functions, validated no more strictly than BFCL checks them (:mod:`envs.bfcl.schemas`)."""
         cache = self.__dict__.setdefault("_registries", {})
         if task.id not in cache:
-            entry, _ = self._entries[task.id]
+            entry, answer = self._entries[task.id]
             docs = {d["name"]: d for d in entry["function"]}  # a few entries repeat a doc
-            cache[task.id] = ToolRegistry(ToolSchema.from_bfcl(d) for d in docs.values())
+            examples = self._gold_examples if self.multi_turn else possible_answer_examples(answer)
+            cache[task.id] = ToolRegistry(
+                lenient(ToolSchema.from_bfcl(d), examples.get(name, {}), alternatives=not self.multi_turn)
+                for name, d in docs.items()
+            )
         return cache[task.id]
+
+    @cached_property
+    def _gold_examples(self) -> dict[str, dict[str, list]]:
+        """Multi-turn: the arguments of every gold call of the category, by function and parameter."""
+        from .multi_turn import gold_turns
+
+        calls = (c for entry, answer in self._entries.values() for turn in gold_turns(entry, answer) for c in turn)
+        return call_examples(calls)
 
     def tool_names(self) -> list[str]:
         return sorted({d["name"] for entry, _ in self._entries.values() for d in entry["function"]})
