@@ -8,6 +8,7 @@ over any causal LM from ``transformers``; :func:`make_policy` builds one from wh
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -118,6 +119,27 @@ class _LogprobRecorder(LogitsProcessor):
         if self._pending is not None:
             self._gather(last_tokens)
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(last_tokens.shape[0], 0)
+
+
+@contextlib.contextmanager
+def _own_sampling(model: Any) -> Any:
+    """Generate with none of the model's own ``generation_config`` defaults.
+
+    ``generate`` fills every setting left unset from the model's generation config (a checkpoint's top-k,
+    top-p, min-p, repetition penalty, ...). Those would change what is sampled, and a penalty would change
+    the scores the log-prob recorder sees, so the stored log-probs would no longer be those the loss models.
+    Sampling is exactly what :class:`SamplingParams` says: the model's config is swapped for a neutral one
+    for the call."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model's base generates
+    own = getattr(model, "generation_config", None)
+    if own is None:
+        yield
+        return
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = own
 
 
 class _StopStrings(StoppingCriteria):
@@ -284,6 +306,7 @@ class TransformersPolicy:
         with (
             torch.random.fork_rng(devices=devices, enabled=params.seed is not None),
             autocast(self.compute_dtype, device),
+            _own_sampling(self.model),
         ):
             if params.seed is not None:
                 torch.manual_seed(params.seed)

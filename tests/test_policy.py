@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -43,6 +45,31 @@ def test_logprobs_match_a_fresh_forward_pass(tiny):
                 torch.log_softmax(logits / scale, -1).gather(1, torch.tensor(g.completion_ids)[:, None]).squeeze(1)
             )
             assert torch.allclose(expected, torch.tensor(g.logprobs), atol=1e-4), temperature
+
+
+def test_the_models_generation_config_does_not_leak_into_sampling_or_logprobs(tiny):
+    """A checkpoint's own sampling defaults (Qwen2.5-Instruct ships top_k/top_p/repetition_penalty) must not
+    change what is sampled nor the recorded log-probs: sampling is exactly what SamplingParams says."""
+    own = tiny.model.generation_config
+    hostile = copy.deepcopy(own)
+    hostile.update(top_k=1, top_p=0.1, min_p=0.9, typical_p=0.2, repetition_penalty=3.0, no_repeat_ngram_size=1,
+                   temperature=0.1, do_sample=False)  # fmt: skip
+    tiny.model.generation_config = hostile
+    try:
+        params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=3)
+        gens = tiny.generate(prompts(tiny.tokenizer), params)
+        for g in gens:
+            ids = torch.tensor([list(g.prompt_ids) + list(g.completion_ids)])
+            with torch.no_grad():
+                logits = tiny.model(ids).logits[0, len(g.prompt_ids) - 1 : -1].float()
+            expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(g.completion_ids)[:, None]).squeeze(1)
+            assert torch.allclose(expected, torch.tensor(g.logprobs), atol=1e-4)
+            ranks = (logits > logits.gather(1, torch.tensor(g.completion_ids)[:, None])).sum(1)
+            assert (ranks > 0).any()  # some sampled token was not the argmax: top_k=1 did not leak in
+        assert tiny.generate(prompts(tiny.tokenizer), params.with_seed(4)) != gens  # nor did greedy decoding
+        assert tiny.model.generation_config is hostile  # the model's own config is back after generating
+    finally:
+        tiny.model.generation_config = own
 
 
 def test_batched_greedy_equals_one_by_one(tiny):
