@@ -179,6 +179,17 @@ def test_trl_rollout_func_path(tiny_path, tmp_path):
     assert "rewards/envace_reward/mean" in trainer.state.log_history[0]
 
 
+def test_vllm_is_refused_clearly_before_any_rollout(tiny_path, tmp_path):
+    from types import SimpleNamespace
+
+    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", use_vllm=True, **CPU)
+    with pytest.raises(ValueError, match="cannot generate with vLLM.*use_vllm=False"):
+        envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args)
+    rollout_func = envace_trl.make_rollout_func("units")
+    with pytest.raises(ValueError, match="cannot generate with vLLM"):
+        rollout_func(["units/train/000"], SimpleNamespace(args=SimpleNamespace(use_vllm=True)))
+
+
 def test_real_tools_environment_runs_the_domain_tools(tiny_path, tmp_path):
     from transformers.utils import get_json_schema
 
