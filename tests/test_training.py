@@ -157,6 +157,31 @@ def test_trl_role_wise_trainer_trains_both_roles(tiny_path, monkeypatch):
     assert trainer.state.log_history[0]["rows/rehearse"] > 0
 
 
+def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    args = envace_trl.EnvACEGRPOConfig(
+        output_dir=os.path.join(os.path.dirname(tiny_path), "out-masked"), domain="units",
+        per_device_train_batch_size=4, num_generations=2, max_completion_length=8, max_steps=1, beta=0.1, **CPU,
+    )  # fmt: skip
+    trainer = envace_trl.EnvACEGRPOTrainer(
+        model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path)
+    )
+    policy = envace_trl._policy_of(trainer)
+    ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
+    batch = crafted_batch(policy, ids)
+    batch.episodes[1].reward = None  # its verifier could not judge
+    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
+    masked = torch.tensor([batch.episodes[s.episode].reward is None for s in batch.samples()])
+    assert masked.any() and out["tool_mask"][masked].sum() == 0 and out["advantages"][masked].abs().sum() == 0
+    others = {k: (v[~masked] if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in out.items()}
+    with torch.no_grad():  # the same loss with or without the masked rows: nothing of them counts
+        assert trainer.compute_loss(trainer.model, out).item() == pytest.approx(
+            trainer.compute_loss(trainer.model, others).item(), rel=1e-5
+        )
+
+
 def test_trl_rollout_func_path(tiny_path, tmp_path):
     from transformers import AutoTokenizer
     from trl import GRPOTrainer

@@ -334,7 +334,9 @@ class EnvACEGRPOTrainer(SharedPrefixMixin, GRPOTrainer):
         pad_id = self.processing_class.pad_token_id or 0
         prompts = [list(s.prompt_ids) for s in samples] + [[pad_id]] * pad_rows
         completions = [list(s.completion_ids) for s in samples] + [[pad_id]] * pad_rows
-        trained = [list(s.mask) for s in samples] + [[0]] * pad_rows
+        # A masked episode (its verifier could not judge: reward None) trains nothing: its tokens leave the loss,
+        # its denominator and the KL term, as in envace_gym.trainer.
+        trained = [list(s.mask) if s.reward is not None else [0] * len(s.mask) for s in samples] + [[0]] * pad_rows
         advantages = advantages + [0.0] * pad_rows
         if not samples:  # nothing was generated (cannot happen with a non-empty batch; keep TRL's contract)
             raise RuntimeError("the rollouts produced no training rows")
