@@ -182,6 +182,20 @@ def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path
         )
 
 
+def test_rollout_func_masks_the_tokens_of_a_masked_episode(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    policy = tiny_policy()
+    ids = ["units/train/000", "units/train/001"]
+    batch = crafted_batch(policy, ids)
+    batch.episodes[0].reward = None
+    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    monkeypatch.setattr(envace_trl, "_policy_of", lambda trainer: policy)
+    out = envace_trl.make_rollout_func("units")(ids, SimpleNamespace(args=one_step_grpo_args(tmp_path, batch_size=2)))
+    assert out["episode_reward"] == [None, 1.0]
+    assert not any(out["env_mask"][0]) and out["env_mask"][1] == list(batch.episodes[1].episode_row.mask)
+
+
 def test_trl_rollout_func_path(tiny_path, tmp_path):
     from transformers import AutoTokenizer
     from trl import GRPOTrainer

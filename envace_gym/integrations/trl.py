@@ -150,7 +150,11 @@ def make_rollout_func(
             "prompt_ids": [list(r.prompt_ids) for r in rows],
             "completion_ids": [list(r.completion_ids) for r in rows],
             "logprobs": [list(r.logprobs) for r in rows],
-            "env_mask": [list(r.mask) for r in rows],
+            # a masked episode (reward None) trains nothing: TRL multiplies its loss by env_mask
+            "env_mask": [
+                list(r.mask) if e.reward is not None else [0] * len(r.mask)
+                for r, e in zip(rows, batch.episodes, strict=True)
+            ],
             "episode_reward": [e.reward for e in batch.episodes],
             "success": [e.success for e in batch.episodes],
             "task_id": [e.task_id for e in batch.episodes],
