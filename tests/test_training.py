@@ -229,6 +229,32 @@ def test_vllm_is_refused_clearly_before_any_rollout(tiny_path, tmp_path):
         rollout_func(["units/train/000"], SimpleNamespace(args=SimpleNamespace(use_vllm=True)))
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"top_k": 5}, {"min_p": 0.1}, {"repetition_penalty": 1.3}, {"generation_kwargs": {"typical_p": 0.5}},
+        {"scale_rewards": "group"}, {"mask_truncated_completions": True}, {"pad_to_multiple_of": 8},
+    ],
+    ids=lambda d: next(iter(d)),
+)  # fmt: skip
+def test_grpo_settings_the_rollouts_would_ignore_are_refused_by_name(tiny_path, tmp_path, setting):
+    from types import SimpleNamespace
+
+    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", **setting, **CPU)
+    name = next(iter(setting))
+    with pytest.raises(ValueError, match=f"does not apply {name}="):
+        envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args)
+    if name in envace_trl._UNUSED_BY_ROLLOUTS:  # GRPOTrainer applies the others itself on the rollout_func path
+        with pytest.raises(ValueError, match=f"does not apply {name}="):
+            envace_trl.make_rollout_func("units")(["units/train/000"], SimpleNamespace(args=args))
+
+
+def test_user_reward_funcs_are_refused_by_the_envace_trainer(tiny_path, tmp_path):
+    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", **CPU)
+    with pytest.raises(ValueError, match="does not apply reward_funcs"):
+        envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args, reward_funcs=[lambda **kw: [1.0]])
+
+
 def test_real_tools_environment_runs_the_domain_tools(tiny_path, tmp_path):
     from transformers.utils import get_json_schema
 

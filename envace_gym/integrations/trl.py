@@ -113,6 +113,28 @@ def envace_reward(
     return [None if r is None else float(r) for r in episode_reward]
 
 
+# GRPOConfig settings that world-rehearsal rollouts do not apply, with the values that mean "left unset".
+_UNUSED_BY_ROLLOUTS: dict[str, tuple[Any, ...]] = {
+    "top_k": (0, None), "min_p": (None,), "repetition_penalty": (1.0, None), "generation_kwargs": (None, {}),
+}  # fmt: skip
+# ... and those EnvACEGRPOTrainer's own generation step does not apply either.
+_UNUSED_BY_ENVACE_TRAINER: dict[str, tuple[Any, ...]] = {
+    **_UNUSED_BY_ROLLOUTS, "scale_rewards": ("none",), "mask_truncated_completions": (False,),
+    "pad_to_multiple_of": ("auto", None),
+}  # fmt: skip
+
+
+def _refuse_unused(args: Any, unused: dict[str, tuple[Any, ...]], what: str) -> None:
+    """Refuse, naming them, the settings a user set that ``what`` would otherwise silently ignore."""
+    given = [f"{k}={getattr(args, k)!r}" for k, unset in unused.items() if getattr(args, k, unset[0]) not in unset]
+    if given:
+        raise ValueError(
+            f"{what} does not apply {', '.join(given)}: its rollouts sample with temperature, top_p and "
+            "max_completion_length only, and its advantages are role-wise (A = R - mean, scale_rewards='none'). "
+            "Leave these settings at their defaults."
+        )
+
+
 def _refuse_vllm(args: Any, what: str) -> None:
     """World-rehearsal rollouts generate with the model being trained, through transformers: a vLLM engine
     would be started and synced every step without generating anything, so ``use_vllm`` is refused."""
@@ -139,6 +161,7 @@ def make_rollout_func(
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         _refuse_vllm(trainer.args, "make_rollout_func's rollouts")
+        _refuse_unused(trainer.args, _UNUSED_BY_ROLLOUTS, "make_rollout_func's rollouts")
         act, rehearsal = _sampling(trainer.args)
         batch = collect_rollouts(
             _policy_of(trainer), dom, _task_ids(prompts), 1, executor=executor, rehearsal_mode=rehearsal_mode,
@@ -300,8 +323,16 @@ class EnvACEGRPOTrainer(SharedPrefixMixin, GRPOTrainer):
         self, model: Any, args: EnvACEGRPOConfig, train_dataset: Any = None, processing_class: Any = None, **kwargs: Any
     ) -> None:
         _refuse_vllm(args, "EnvACEGRPOTrainer")
+        _refuse_unused(args, _UNUSED_BY_ENVACE_TRAINER, "EnvACEGRPOTrainer")
+        given = kwargs.get("reward_funcs")
+        if given is not None and list(given if isinstance(given, (list, tuple)) else [given]) != [envace_reward]:
+            raise ValueError(
+                "EnvACEGRPOTrainer takes each episode's reward from its domain (Domain.score) and does not apply "
+                "reward_funcs yet: fold your reward into the domain's score, or use GRPOTrainer with "
+                "make_rollout_func, where reward_funcs and reward_weights work as in TRL"
+            )
         self.domain = make_domain(args.domain)
-        kwargs.setdefault("reward_funcs", [envace_reward])
+        kwargs["reward_funcs"] = [envace_reward]
         super().__init__(
             model=model,
             args=args,
