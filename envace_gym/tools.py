@@ -227,6 +227,11 @@ class ToolSchema:
     def _returns_validator(self) -> jsonschema.protocols.Validator | None:
         return None if self.returns is None else _compile(self.returns)
 
+    @cached_property
+    def _compact_parameters(self) -> dict[str, Any]:
+        """The parameters without ``title`` annotations: computed once, as every episode's Act prompt shows them."""
+        return _without_titles(self.parameters)
+
     def compile(self) -> ToolSchema:
         """Build the validators now (they are otherwise built on first use); returns the schema."""
         _ = self._arguments_fast_check, self._returns_validator
@@ -342,7 +347,7 @@ class ToolSchema:
         ``compact`` leaves out what the Act role need not read, to keep prompts short: the ``returns`` schema
         (the Rehearse role's prompt shows it) and JSON Schema ``title`` annotations (pydantic writes one per
         property, repeating its name)."""
-        parameters = _without_titles(self.parameters) if compact else dict(self.parameters)
+        parameters = dict(self._compact_parameters if compact else self.parameters)
         fn: dict[str, Any] = {"name": self.name, "description": self.description, "parameters": parameters}
         if self.returns is not None and not compact:
             fn["returns"] = dict(self.returns)
