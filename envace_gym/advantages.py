@@ -1,4 +1,4 @@
-"""Role-wise GRPO advantages (METHOD.md: "Reward and objective").
+"""Role-wise GRPO advantages (docs/method.md: "Reward and objective").
 
 Every generation is a training row carrying its episode's reward R. Rows are grouped by task (the G
 episodes sampled for one task) *and* by role (Act rows, Rehearse rows; an ``inline`` episode row is its own

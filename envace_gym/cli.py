@@ -6,12 +6,68 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it has none or already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or action.default is False:
+            return text
+        if not action.option_strings:
+            return text
+        default = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+        return f"{text} (default: {default})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that answers a mistake with one line saying where to look, not the usage block."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _parse_settings(cls: type, prog: str, argv: Sequence[str]) -> Any:
+    """A settings dataclass from flags and an optional ``--config`` YAML (TRL's parser: flags win); a mistake
+    (unknown flag, bad value, unreadable YAML) exits with one line before anything is loaded."""
+    import yaml
+    from trl import TrlParser
+
+    class Parser(TrlParser):
+        error = _Parser.error
+
+    parser = Parser(cls, prog=prog, formatter_class=_HelpFormatter)
+    # TrlParser reads --config itself before parsing; declared here too so that --help lists it.
+    parser.add_argument(
+        "--config", metavar="YAML", default=argparse.SUPPRESS,
+        help="a YAML file of these settings; flags given as well win",
+    )  # fmt: skip
+    try:
+        config, from_yaml, from_flags = parser.parse_args_and_config(
+            list(argv), return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except yaml.YAMLError as exc:
+        parser.error(f"the --config file is not valid YAML: {' '.join(str(exc).split())}")
+    except (ValueError, OSError) as exc:  # a value a settings class refuses, or an unreadable file
+        parser.error(" ".join(str(exc).split()) or type(exc).__name__)
+    if from_flags:
+        parser.error(f"unrecognized arguments: {' '.join(from_flags)}")
+    if from_yaml:
+        parser.error(f"unknown settings in the --config file: {' '.join(map(str, from_yaml))}")
+    return config
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
+    from .policy import check_model_source
 
+    check_model_source(args.model)
     run_demo(
         domain=args.domain,
         episodes=args.episodes,
@@ -28,7 +84,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from .bench import format_table, machine_line, run_bench
+    from .policy import check_model_source
 
+    check_model_source(args.model)
     if args.train:
         return _bench_train(args)
     sizes = (
@@ -72,10 +130,13 @@ def _bench_train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from .domains import make_domain
     from .evaluate import evaluate
     from .planning import PlannerConfig
-    from .policy import make_policy
+    from .policy import check_model_source, make_policy
 
+    check_model_source(args.model)
+    make_domain(args.domain)  # an unknown domain fails before the model loads
     policy = make_policy(args.model)
     runs = []
     settings = [(None, 0)] if not args.rehearse else [(m, b) for m in args.rehearse for b in args.budget]
@@ -128,12 +189,9 @@ def _write_eval_json(path: str, runs: list[tuple[str, Any]]) -> None:
 
 
 def _train(argv: Sequence[str]) -> int:
-    from trl import TrlParser
-
     from .train import TrainConfig, train
 
-    (config,) = TrlParser(TrainConfig, prog="envace train").parse_args_and_config(list(argv))
-    summary = train(config)
+    summary = train(_parse_settings(TrainConfig, "envace train", argv))
     print(f"final model: {summary['final_model']}\nmetrics: {summary['metrics']}\ncurves: {summary['plot']}")
     _end_distributed()
     return 0
@@ -150,12 +208,9 @@ def _end_distributed() -> None:
 
 
 def _experiment(argv: Sequence[str]) -> int:
-    from trl import TrlParser
-
     from .experiment import ExperimentConfig, run_experiment
 
-    (config,) = TrlParser(ExperimentConfig, prog="envace experiment").parse_args_and_config(list(argv))
-    run_experiment(config)
+    run_experiment(_parse_settings(ExperimentConfig, "envace experiment", argv))
     return 0
 
 
@@ -174,12 +229,12 @@ def _domains(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="envace", description="World rehearsal (EnvACE) for tool-using LLM agents.")
+    parser = _Parser(prog="envace", description="World rehearsal (EnvACE) for tool-using LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="watch the policy rehearse a domain's tools next to the real ones")
-    demo.add_argument("--domain", default="bank", help="built-in domain name or domain folder (default: bank)")
-    demo.add_argument("--episodes", type=int, default=3, help="number of episodes (default: 3)")
+    demo.add_argument("--domain", default="bank", help="built-in domain name or domain folder")
+    demo.add_argument("--episodes", type=int, default=3, help="number of episodes")
     demo.add_argument(
         "--act", choices=["reference", "policy"], default="reference",
         help="who writes the Act turns: the task's reference solution (default) or the policy",
@@ -196,8 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="feedback",
         help="what an invalid call or rehearsal does (default: feedback, so every call is shown)",
     )
-    demo.add_argument("--max-new-tokens", type=int, default=96, help="token budget per generation (default: 96)")
-    demo.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
+    demo.add_argument("--max-new-tokens", type=int, default=96, help="token budget per generation")
+    demo.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
     demo.add_argument(
         "--rehearsal-mode", choices=["separate", "inline"], default="separate",
         help="separate: a fresh simulator prompt per call (the paper's, default); inline: the policy continues its own chat",
@@ -234,19 +289,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--work-dir", default=None, help="--train: keep rollouts and results here, so a rerun resumes (default: none)"
     )
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--seed", type=int, default=0, help="seed of the task draw and of generation")
     bench.add_argument("--out", default=None, help="also write the table (markdown) to this file")
     bench.set_defaults(func=_bench)
 
     evaluate = sub.add_parser("eval", help="success rate with the real executor, and rehearsal fidelity")
-    evaluate.add_argument("--domain", default="bank")
-    evaluate.add_argument("--model", default=None, help="path or hub id; default: the embedded SmolLM2-135M")
-    evaluate.add_argument("--split", default="test", choices=["train", "test"])
-    evaluate.add_argument("--num-tasks", type=int, default=50)
-    evaluate.add_argument("--max-new-tokens", type=int, default=128)
-    evaluate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    evaluate.add_argument("--no-fidelity", action="store_true", help="skip the rehearsal-fidelity pass")
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--domain", default="bank", help="domain name or folder (envace domains lists them)")
+    evaluate.add_argument(
+        "--model", default=None,
+        help="model folder or hub id; default: the embedded SmolLM2-135M; 'tiny' for a random test model",
+    )  # fmt: skip
+    evaluate.add_argument("--split", default="test", choices=["train", "test"], help="which tasks to evaluate on")
+    evaluate.add_argument("--num-tasks", type=int, default=50, help="the first N tasks of the split")
+    evaluate.add_argument(
+        "--max-new-tokens", type=int, default=128, help="token budget of each Act turn and each rehearsal"
+    )
+    evaluate.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    evaluate.add_argument(
+        "--no-fidelity", action="store_true",
+        help="skip the rehearsal-fidelity pass (the reference calls rehearsed, compared with the real results)",
+    )  # fmt: skip
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the generation batches")
     evaluate.add_argument(
         "--rehearse", nargs="+", choices=["parallel", "sequential"], default=None,
         help="rehearse privately before each committed Act turn (one or both modes)",
@@ -254,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--budget", nargs="+", type=int, default=[2], help="N, rehearsals per committed turn (several: a table)"
     )
-    evaluate.add_argument("--horizon", type=int, default=3, help="imagined Act turns per rehearsal (default: 3)")
+    evaluate.add_argument("--horizon", type=int, default=3, help="imagined Act turns per rehearsal")
     evaluate.add_argument("--out", default=None, help="also write the result(s) as JSON")
     evaluate.set_defaults(func=_eval)
 
@@ -267,13 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train", "experiment"):  # dataclass-driven, with --config YAML (TRL's parser)
-        return (_train if argv[0] == "train" else _experiment)(argv[1:])
-    args = build_parser().parse_args(argv)
     from .errors import EnvACEError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv and argv[0] in ("train", "experiment"):  # dataclass-driven, with --config YAML (TRL's parser)
+            return (_train if argv[0] == "train" else _experiment)(argv[1:])
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except EnvACEError as exc:
         print(f"envace: error: {exc}", file=sys.stderr)

@@ -229,7 +229,7 @@ class RewardResult:
 
     @classmethod
     def from_checks(cls, checks: Mapping[str, bool], weights: Mapping[str, float] | None = None) -> RewardResult:
-        """Checklist reward (METHOD.md): ``sum(weight * passed) / sum(weight)``."""
+        """Checklist reward (docs/method.md): ``sum(weight * passed) / sum(weight)``."""
         if not checks:
             return cls(None, {})
         w = {k: (weights or {}).get(k, 1.0) for k in checks}

@@ -4,7 +4,7 @@
 (parse, validate, route, real or cached answers), *yields* the generations it needs (rehearsals), gets them
 sent back, and returns a :class:`StepOutcome`. :class:`~envace_gym.env.RehearsalEnv` answers the yields with
 its own policy; the vector env and the rollout collector answer the yields of many episodes with one batched
-call. The logic reads top to bottom as METHOD.md describes it:
+call. The logic reads top to bottom as docs/method.md ("Roll-out") describes it:
 
     Act turn → parse → validate (format, whitelist, schema) → route each call
              → real executor | reference cache | Rehearse (the policy)

@@ -4,7 +4,7 @@ Two kinds live here and they never mix:
 
 * :class:`ToolError` is a *value*: what a bad tool call or a bad simulation becomes inside an episode.
   Model text never raises; it gets one of the :class:`ErrorCode` codes, which the environment turns
-  into an ``{"error_tool_call": ...}`` payload (METHOD.md) and either ends the episode or feeds back.
+  into an ``{"error_tool_call": ...}`` payload (docs/method.md, "Roll-out") and either ends the episode or feeds back.
 * :class:`EnvACEError` and its subclasses are *exceptions* for mistakes of the programmer using the
   package: a malformed schema, an unknown domain, a missing default model.
 """

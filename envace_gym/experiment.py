@@ -31,7 +31,7 @@ class ExperimentConfig:
     output_dir: str = field(default="runs/experiment", metadata={"help": "Where every stage's model and eval go."})
     seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"help": "Training seeds (>= 2 for a spread)."})
     conditions: list[str] = field(
-        default_factory=lambda: list(CONDITIONS), metadata={"help": "Which conditions to run."}
+        default_factory=lambda: list(CONDITIONS), metadata={"help": "Which conditions to run.", "choices": CONDITIONS}
     )
     sft_tasks: int = field(default=24, metadata={"help": "Training tasks whose reference trajectories feed SFT."})
     sft_epochs: float = field(default=2.0, metadata={"help": "SFT epochs."})
@@ -54,13 +54,16 @@ def _stage(config: ExperimentConfig, seed: int, condition: str) -> Path:
 
 def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]:
     """Run (or resume) every stage; returns all evaluations and writes the results table."""
+    from .domains import make_domain
     from .evaluate import evaluate
-    from .policy import TransformersPolicy, make_policy
+    from .policy import TransformersPolicy, check_model_source, make_policy
     from .train import TrainConfig, train
 
     unknown = set(config.conditions) - set(CONDITIONS)
     if unknown:
         raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {CONDITIONS}")
+    check_model_source(config.model)  # mistakes fail here, before the first stage loads anything
+    make_domain(config.domain)
     results: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in config.conditions}
     for seed in config.seeds:
         for condition in config.conditions:

@@ -1,7 +1,7 @@
 """Test-time private rehearsal: rehearse N futures, remember, then commit one real execution.
 
-No reference code exists for this part of the method; this follows the paper's description (METHOD.md, last
-section). Before each committed Act turn of a real episode, the policy rehearses privately, in its own
+No reference code exists for this part of the method; this follows the paper's description (docs/method.md, "Test-time
+private rehearsal"). Before each committed Act turn of a real episode, the policy rehearses privately, in its own
 imagination only:
 
 * ``parallel``: N imagined continuations from the current conversation, sampled independently;

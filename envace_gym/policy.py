@@ -12,6 +12,7 @@ import contextlib
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
@@ -221,11 +222,15 @@ class TransformersPolicy:
         """Load a model and tokenizer from a local path or a hub id (which needs network access)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        check_model_source(name_or_path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
             model = AutoModelForCausalLM.from_pretrained(name_or_path)
         except OSError as exc:
-            raise PolicyError(f"cannot load model {name_or_path!r}: {exc}") from exc
+            local = Path(name_or_path).expanduser().exists()
+            where = "a local folder" if local else "no local folder of that name, so tried as a hub id"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PolicyError(f"cannot load model {name_or_path!r} ({where}): {first}") from exc
         return cls(model, tokenizer, **kwargs)
 
     def with_compute_dtype(self, dtype: torch.dtype | None) -> TransformersPolicy:
@@ -345,6 +350,22 @@ class TransformersPolicy:
         from .sessions import GenerationSession
 
         return GenerationSession(self)
+
+
+def check_model_source(spec: str | None) -> None:
+    """Refuse, before anything is loaded, a model name that is neither a built-in name, a local model folder
+    nor shaped like a hub id (``org/name``): a mistyped path fails here in one line, not in the hub client."""
+    if spec is None or spec in ("default", "tiny"):
+        return
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise PolicyError(f"model folder {spec!r} has no config.json (save a model with save_pretrained)")
+        return
+    if path.exists():
+        raise PolicyError(f"model {spec!r} is a file; pass the folder a model was saved to (save_pretrained)")
+    if spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec or not spec.strip():
+        raise PolicyError(f"model path {spec!r} does not exist")
 
 
 def make_policy(spec: Any = None, tokenizer: PreTrainedTokenizerBase | None = None) -> Policy:

@@ -27,6 +27,7 @@ from .chat import ChatFormat
 from .domains import Domain, Task, make_domain
 from .episode import Episode, EpisodeConfig
 from .errors import DomainError
+from .model_card import BaseModelCardMixin
 from .packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 from .parsing import RESULT_CLOSE, RESULT_OPEN
 from .precision import resolve_dtype
@@ -128,7 +129,7 @@ class TaskGroupedSampler(torch.utils.data.Sampler[int]):
             yield from self._members[keys[k]]
 
 
-class PackedSFTTrainer(SFTTrainer):
+class PackedSFTTrainer(BaseModelCardMixin, SFTTrainer):
     """TRL's ``SFTTrainer`` with the shared-prefix forward (:mod:`envace_gym.packing`) and task-grouped batches.
 
     The loss is TRL's (``loss_type`` ``"nll"`` or ``"dft"``: the token-mean over the completion tokens of the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from .domains import make_domain
+from .episode import REHEARSAL_MODES
 from .memory import return_freed_memory
 from .packing import DEFAULT_PACK_TOKENS
 from .precision import DTYPES, resolve_dtype
@@ -34,7 +36,10 @@ DEFAULT_GRPO_STEPS = 20
 class TrainConfig:
     """``envace train`` settings (a YAML file given with ``--config`` sets them too; flags win)."""
 
-    mode: str = field(default="rehearsal", metadata={"help": "rehearsal (EnvACE), real-tools (baseline GRPO) or sft."})
+    mode: str = field(
+        default="rehearsal",
+        metadata={"help": "rehearsal (EnvACE), real-tools (baseline GRPO) or sft.", "choices": MODES},
+    )
     domain: str = field(default="bank", metadata={"help": "Domain to train on: a name or a folder."})
     model: str | None = field(
         default=None, metadata={"help": "Path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a test model."}
@@ -54,10 +59,17 @@ class TrainConfig:
     )
     group_size: int = field(default=4, metadata={"help": "Episodes per task (the G of GRPO)."})
     rehearsal_mode: str = field(
-        default="separate", metadata={"help": "separate (role-wise rows, the paper's) or inline."}
+        default="separate",
+        metadata={"help": "separate (role-wise rows, the paper's) or inline.", "choices": REHEARSAL_MODES},
     )
     learning_rate: float = field(default=1e-5, metadata={"help": "Learning rate."})
-    max_new_tokens: int = field(default=128, metadata={"help": "Token budget of each Act turn and rehearsal."})
+    max_new_tokens: int = field(
+        default=128,
+        metadata={
+            "help": "Token budget of each Act turn and rehearsal. real-tools: TRL spends its completion budget "
+            "on the whole multi-turn completion, so it gets max_new_tokens x max_turns."
+        },
+    )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
     max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
     beta: float = field(
@@ -74,7 +86,10 @@ class TrainConfig:
     sft_batch_size: int = field(default=4, metadata={"help": "SFT: rows per step."})
     dtype: str = field(
         default="auto",
-        metadata={"help": "Compute dtype: auto (bfloat16 where the hardware runs it faster), float32, bfloat16."},
+        metadata={
+            "help": "Compute dtype: auto (bfloat16 where the hardware runs it faster), float32, bfloat16.",
+            "choices": DTYPES,
+        },
     )
     gradient_checkpointing: bool = field(
         default=False,
@@ -98,6 +113,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.rehearsal_mode not in REHEARSAL_MODES:
+            raise ValueError(f"rehearsal_mode must be one of {REHEARSAL_MODES}, got {self.rehearsal_mode!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.steps is not None and self.steps < 1:
@@ -178,7 +195,11 @@ def _peft(config: TrainConfig) -> Any:
 
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run the training ``config`` describes; returns where things were written and the last metrics."""
+    from .policy import check_model_source
+
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    check_model_source(config.model)  # a mistyped model or domain fails here, before anything loads
+    make_domain(config.domain)
     if config.gradient_checkpointing:  # the setting that asks for less memory (envace_gym.memory says why)
         return_freed_memory()
     started = time.perf_counter()
@@ -271,6 +292,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if trainer.accelerator.is_main_process:  # one writer under `accelerate launch`
         model.save_pretrained(final)
         tokenizer.save_pretrained(final)
+        trainer.create_model_card(model_name=out.name)  # names the base model (envace_gym.model_card)
+        if (out / "README.md").is_file():
+            shutil.copyfile(out / "README.md", final / "README.md")  # so a run started from final/ names it too
         with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
             for entry in history:
                 f.write(json.dumps(entry) + "\n")
@@ -298,18 +322,32 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> s
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    keys = [k for k in ("reward", "success", "loss") if any(k in h for h in history)]
-    if not keys:
+    fig = curves_figure(history, title)
+    if fig is None:
         return None
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2))
-    for ax, key in zip([axes] if len(keys) == 1 else axes, keys, strict=True):
-        points = [(h["step"], h[key]) for h in history if key in h and "step" in h]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
-        ax.set_xlabel("step")
-        ax.set_title(key)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+def curves_figure(history: list[dict[str, Any]], title: str = "") -> Any:
+    """The figure of :func:`plot_curves`: one panel per logged key of reward, success and loss."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    keys = [k for k in ("reward", "success", "loss") if any(k in h for h in history)]
+    if not keys:
+        return None
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.4), layout="constrained", squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        points = [(h["step"], h[key]) for h in history if key in h and "step" in h]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        ax.set_xlabel("optimizer step")
+        ax.set_title(key)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # values as they are, no "+1e-3" offset
+        if key in ("reward", "success"):  # both live in [0, 1]; a fixed range keeps runs comparable
+            ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return fig

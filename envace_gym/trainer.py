@@ -1,6 +1,6 @@
 """A compact, pure-torch EnvACE trainer: role-wise GRPO on world-rehearsal rollouts.
 
-Read it top to bottom against METHOD.md ("Reward and objective"):
+Read it top to bottom against docs/method.md ("Reward and objective"):
 
 1. **Roll out** G episodes per task with the collector. The policy acts, and the *same weights* rehearse
    every tool call (``executor="rehearsal"``); each generation becomes a training row carrying its episode's

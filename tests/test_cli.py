@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import argparse
 import io
 
-from envace_gym.cli import main
+import pytest
+
+from envace_gym.cli import build_parser, main
 from envace_gym.demo import run_demo
 
 
@@ -51,3 +54,78 @@ def test_bench_train_quick_on_the_tiny_model(tmp_path):
         assert measure in table
     rows = [line for line in table.splitlines() if line.startswith("| (")]
     assert all(float(line.split("|")[4]) > 0 for line in rows)  # every ratio measured
+
+
+MISTAKES = [
+    (["train", "--mode", "foo"], "invalid choice: 'foo'"),
+    (["train", "--rehearsal_mode", "bogus"], "invalid choice: 'bogus'"),
+    (["train", "--stepz", "1"], "unrecognized arguments: --stepz 1"),
+    (["train", "--steps", "x"], "invalid int value"),
+    (["train", "--model", "/no/such/path"], "model path '/no/such/path' does not exist"),
+    (["train", "--domain", "no-such-domain"], "unknown domain"),
+    (["train", "--config", "/no/such/file.yaml"], "No such file"),
+    (["eval", "--model", "/no/such/path"], "does not exist"),
+    (["eval", "--domain", "no-such-domain"], "unknown domain"),
+    (["eval", "--domian", "bank"], "unrecognized arguments: --domian"),
+    (["experiment", "--conditions", "foo"], "invalid choice: 'foo'"),
+    (["experiment", "--model", "./no/such/model"], "does not exist"),
+    (["demo", "--model", "~/no/such/model"], "does not exist"),
+    (["bench", "--model", "/no/such/path"], "does not exist"),
+]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any attempt to load a model fails the test: the CLI must refuse a mistake before loading anything."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the mistake was reported")
+
+    import envace_gym.models
+    import envace_gym.testing
+    from envace_gym.policy import TransformersPolicy
+
+    monkeypatch.setattr(envace_gym.models, "load_default_policy", refuse)
+    monkeypatch.setattr(envace_gym.models, "ensure_default_model", refuse)
+    monkeypatch.setattr(envace_gym.testing, "tiny_policy", refuse)
+    monkeypatch.setattr(TransformersPolicy, "from_pretrained", refuse)
+
+
+@pytest.mark.parametrize(("argv", "says"), MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
+def test_cli_mistakes_get_one_line_before_any_model_loads(argv, says, capsys, no_model_loads, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing a refused command might write lands in the repository
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own exit
+        rc = exc.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2
+    assert len(lines) == 1, err
+    assert says in lines[0] and "Traceback" not in err
+
+
+def test_a_yaml_config_with_unknown_keys_is_one_line(capsys, no_model_loads, tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text("steps: 2\nstepz: 1\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--config", str(config)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and "--stepz 1" in err
+
+
+def test_help_lists_config_defaults_and_the_tiny_model(capsys):
+    for command in (["train", "--help"], ["eval", "--help"]):
+        with pytest.raises(SystemExit):
+            main(command)
+        out = " ".join(capsys.readouterr().out.split())
+        assert "--model" in out and "'tiny'" in out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "--config YAML" in capsys.readouterr().out
+    evaluate = build_parser()._subparsers._group_actions[0].choices["eval"]
+    formatter = evaluate._get_formatter()
+    for action in evaluate._actions:  # every eval option says what it does, and its default where it has one
+        assert action.help, action.option_strings
+        if action.default not in (None, False, argparse.SUPPRESS):
+            assert "(default: " in formatter._get_help_string(action), action.option_strings

@@ -17,15 +17,47 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SMALL = ["--domain", "units", "--steps", "1", "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "8"]
 
 
+@pytest.fixture(scope="module")
+def carded_tiny(tiny_path, tmp_path_factory):
+    """The tiny model in a folder whose model card names the model it came from, as a run's final/ does."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    path = tmp_path_factory.mktemp("carded") / "model"
+    shutil.copytree(tiny_path, path)
+    ModelCard.from_template(ModelCardData(base_model="org/base-model")).save(path / "README.md")
+    return str(path)
+
+
 @pytest.mark.parametrize("mode", ["sft", "rehearsal", "real-tools"])
-def test_train_modes_write_model_metrics_and_curves(tiny_path, tmp_path, mode):
+def test_train_modes_write_model_metrics_and_curves(carded_tiny, tmp_path, mode):
     out = tmp_path / mode
-    argv = ["train", "--mode", mode, "--model", tiny_path, "--output_dir", str(out), *SMALL, "--sft_tasks", "2"]
+    argv = ["train", "--mode", mode, "--model", carded_tiny, "--output_dir", str(out), *SMALL, "--sft_tasks", "2"]
     assert main(argv) == 0
     assert (out / "final" / "config.json").is_file() and (out / "metrics.jsonl").is_file()
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["num_processes"] == 1 and summary["last"]["step"] == 1
     assert summary["plot"] is None or Path(summary["plot"]).is_file()
+    card = (out / "final" / "README.md").read_text()  # names the model the run started from, not "[None]"
+    assert "fine-tuned version of [org/base-model]" in card and "[None]" not in card
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    if mode != "sft":  # both GRPO modes log task success (the curves' success panel)
+        assert any("success" in entry for entry in history)
+
+
+def test_curves_have_integer_steps_and_fixed_reward_range(tmp_path):
+    pytest.importorskip("matplotlib")
+    from envace_gym.train import curves_figure, plot_curves
+
+    history = [{"step": s, "reward": 0.5 + 1e-4 * s, "success": 0.0, "loss": 1e-3 * s} for s in (1, 2, 3)]
+    assert plot_curves(history, tmp_path / "curves.png", title="t") == str(tmp_path / "curves.png")
+    fig = curves_figure(history, title="t")
+    fig.canvas.draw()
+    for ax in fig.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert all(float(t).is_integer() for t in ticks), ticks
+        assert ax.yaxis.get_major_formatter().get_offset() == ""  # no "+5e-1" offset notation
+    assert [ax.get_title() for ax in fig.axes] == ["reward", "success", "loss"]
+    assert fig.axes[0].get_ylim() == (-0.05, 1.05) and fig.axes[1].get_ylim() == (-0.05, 1.05)
 
 
 def test_train_reads_a_yaml_config_and_flags_win(tiny_path, tmp_path):
@@ -219,3 +251,15 @@ def test_sft_epochs_rule_unless_steps_is_set(tiny_path, tmp_path, capsys):
     assert main([*base, "--sft_epochs", "2", "--steps", "1", "--output_dir", str(out)]) == 0
     assert "1 optimizer steps (--steps" in capsys.readouterr().out
     assert json.loads((out / "train_summary.json").read_text())["last"]["step"] == 1
+
+
+def test_model_card_names_the_embedded_default_and_passes_a_card_on(tmp_path, monkeypatch, carded_tiny):
+    from envace_gym.model_card import DEFAULT_MODEL_HUB_ID, base_model_name
+    from envace_gym.models import default_model_dir
+
+    monkeypatch.setenv("ENVACE_CACHE_DIR", str(tmp_path / "cache"))
+    default_model_dir().mkdir(parents=True)
+    assert base_model_name(str(default_model_dir())) == DEFAULT_MODEL_HUB_ID  # the converted GGUF's cache
+    assert base_model_name(carded_tiny) == "org/base-model"  # an earlier run's final/: its card's base model
+    assert base_model_name("org/some-model") == "org/some-model"  # a hub id names itself
+    assert base_model_name(str(tmp_path)) is None  # a folder that says nothing of its origin

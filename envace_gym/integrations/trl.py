@@ -36,6 +36,7 @@ from trl.trainer.utils import pad, use_adapter
 
 from ..advantages import rolewise_advantages
 from ..domains import CallRecord, Domain, Task, Trajectory, make_domain
+from ..model_card import BaseModelCardMixin
 from ..packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 from ..policy import SamplingParams, TransformersPolicy
 from ..precision import resolve_dtype
@@ -282,7 +283,7 @@ class PackedGRPOConfig(GRPOConfig):
         super().__post_init__()
 
 
-class RealToolsGRPOTrainer(SharedPrefixMixin, GRPOTrainer):
+class RealToolsGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
     """TRL's ``GRPOTrainer`` (the real-tools baseline, or any GRPO run) with the shared-prefix forward; give it
     a :class:`PackedGRPOConfig` to set the packing, or a plain ``GRPOConfig`` for the defaults."""
 
@@ -292,7 +293,7 @@ class RealToolsGRPOTrainer(SharedPrefixMixin, GRPOTrainer):
 # ----------------------------------------------------------------------------------------------------
 @dataclass
 class EnvACEGRPOConfig(PackedGRPOConfig):
-    """``GRPOConfig`` with the EnvACE settings; defaults follow the paper (METHOD.md).
+    """``GRPOConfig`` with the EnvACE settings; defaults follow the paper (docs/method.md).
 
     ``scale_rewards="none"`` (A = R - mean, no std), ``delta=3.0`` (TRL's two-sided clipping caps the ratio of
     negative-advantage tokens: the paper's dual-clip c = 3), ``loss_type="dapo"`` (token-mean over the batch).
@@ -310,7 +311,7 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
     loss_type: str = field(default="dapo", metadata={"help": "Token-mean over the batch."})
 
 
-class EnvACEGRPOTrainer(SharedPrefixMixin, GRPOTrainer):
+class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
     """``GRPOTrainer`` whose generation step plays world-rehearsal episodes and trains both roles.
 
     Args:
@@ -487,13 +488,19 @@ def real_tools_reward(domain: str | Domain):
 
     def reward(completions: list[Any], environments: list[Any], **kwargs: Any) -> list[float | None]:
         out: list[float | None] = []
+        successes: list[float] = []
         for completion, env in zip(completions, environments, strict=True):
             answer = _final_text(completion)
             trajectory = Trajectory(env.task, (), tuple(env.records), (answer,) if answer else ())
             try:
-                out.append(dom.score(env.task, trajectory).score)
+                result = dom.score(env.task, trajectory)
             except Exception:
                 out.append(None)
+                continue
+            out.append(result.score)
+            successes.append(float(result.success))
+        if successes and kwargs.get("log_metric") is not None:  # TRL logs it as "success", as the EnvACE path does
+            kwargs["log_metric"]("success", sum(successes) / len(successes))
         return out
 
     reward.__name__ = f"{dom.name}_reward"
