@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -57,14 +57,19 @@ def fulfil(
 
 
 def run_lockstep(
-    steps: Sequence[StepCoroutine], policy: Policy, rng: np.random.Generator, session: Any = None
+    steps: Sequence[StepCoroutine],
+    policy: Policy,
+    rng: np.random.Generator,
+    session: Any = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> list[StepOutcome]:
     """Run several episodes' steps together: at each round, the requests of every step still waiting are
-    generated in one batch per sampling setting, then each step gets its generations back."""
+    generated in one batch per sampling setting, then each step gets its generations back. ``on_done(i)`` is
+    called as step ``i`` finishes (progress)."""
     outcomes: list[Any] = [None] * len(steps)
     waiting: dict[int, list[GenerationRequest]] = {}
     for i, step in enumerate(steps):
-        _advance(i, step, None, waiting, outcomes)
+        _advance(i, step, None, waiting, outcomes, on_done)
     while waiting:
         order = list(waiting)
         flat = [request for i in order for request in waiting[i]]
@@ -73,13 +78,15 @@ def run_lockstep(
         waiting.clear()
         for i in order:
             n = len(waiting_now[i])
-            _advance(i, steps[i], gens[start : start + n], waiting, outcomes)
+            _advance(i, steps[i], gens[start : start + n], waiting, outcomes, on_done)
             start += n
     return outcomes
 
 
-def _advance(i: int, step: StepCoroutine, sent: Any, waiting: dict, outcomes: list) -> None:
+def _advance(i: int, step: StepCoroutine, sent: Any, waiting: dict, outcomes: list, on_done: Any) -> None:
     try:
         waiting[i] = step.send(sent) if sent is not None else next(step)
     except StopIteration as stop:
         outcomes[i] = stop.value
+        if on_done is not None:
+            on_done(i)

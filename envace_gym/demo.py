@@ -106,9 +106,15 @@ def run_demo(
         stats.episodes += 1
         stats.reward_sum += episode.reward or 0.0
         write(f"  reward {episode.reward if episode.reward is not None else 'masked'}  checks {episode.checks}\n")
+    mean = stats.reward_sum / max(1, stats.episodes)
+    whose = (
+        "the Act turns were the reference's, so this scores the reference, not the model (--act policy: the model acts)"
+        if act == "reference"
+        else "the model's own Act turns, on its own rehearsals"
+    )
     write(
         f"\n{stats.episodes} episodes, {stats.rehearsals} rehearsed calls: {stats.parsed} well-formed, "
-        f"{stats.equal_to_real} equal to the real response; mean reward {stats.reward_sum / max(1, stats.episodes):.2f} "
-        f"({batch.stats['seconds']:.1f} s)\n"
+        f"{stats.equal_to_real} equal to the real response ({batch.stats['seconds']:.1f} s)\n"
+        f"mean reward {mean:.2f}: {whose}\n"
     )
     return stats

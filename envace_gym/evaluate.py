@@ -19,6 +19,7 @@ from .errors import ErrorCode
 from .parsing import canonical_json
 from .planning import PlannerConfig, RehearsalPlanner
 from .policy import Policy, SamplingParams
+from .progress import Progress, offset
 from .rollout import collect_rollouts
 from .simulator import RehearsalConfig
 from .tools import ToolCall
@@ -44,6 +45,13 @@ class EvalResult:
         return asdict(self)
 
 
+def _pass_progress(progress: Progress, k: int, passes: int, n: int, label: str) -> Progress:
+    """Pass ``k`` of ``passes`` (``n`` episodes each): its own named bar, or the callback over all passes."""
+    if callable(progress):
+        return offset(progress, k * n, passes * n)
+    return label if progress else False
+
+
 def evaluate(
     policy: Policy,
     domain: str | Domain,
@@ -55,21 +63,23 @@ def evaluate(
     fidelity: bool = True,
     planner: PlannerConfig | None = None,
     seed: int = 0,
-    progress: bool = False,
+    progress: Progress = False,
 ) -> EvalResult:
     """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
 
     With ``planner``, every committed Act turn is written after private rehearsal (:mod:`envace_gym.planning`);
     ``rehearsal_tokens`` and ``real_calls`` then say what the rehearsal cost and that it called no real tool.
+    ``progress``: ``True`` shows a bar per pass; a callable gets ``(done, total)`` over both passes' episodes.
     """
     dom = make_domain(domain)
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     rehearsal = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
+    passes = 2 if fidelity and dom.executes_calls else 1
     real = collect_rollouts(
         policy, dom, tasks, executor="real", act_sampling=sampling, seed=seed, actor=actor,
-        progress=progress and "episodes (real execution)",
+        progress=_pass_progress(progress, 0, passes, len(tasks), "episodes (real execution)"),
     )  # fmt: skip
     rewards = [e.reward for e in real.episodes if e.reward is not None]
     result = EvalResult(
@@ -89,7 +99,8 @@ def evaluate(
         return result
     rehearsed = collect_rollouts(
         policy, dom, tasks, executor="rehearsal", act="reference", on_invalid="feedback",
-        rehearsal=rehearsal, seed=seed, progress=progress and "rehearsal fidelity (reference acts)",
+        rehearsal=rehearsal, seed=seed,
+        progress=_pass_progress(progress, 1, passes, len(tasks), "rehearsal fidelity (reference acts)"),
     )  # fmt: skip
     total = parsed = schema_ok = equal = 0
     for task, episode in zip(tasks, rehearsed.episodes, strict=True):

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from .batching import generate_batched, open_session, run_lockstep
 from .domains import Domain, Task, make_domain
 from .episode import Episode, EpisodeConfig, Row
 from .parsing import DEFAULT_LIMITS, Limits
 from .policy import Generation, Policy, SamplingParams
+from .progress import Progress, ProgressReporter
 from .simulator import RehearsalConfig
 
 ACT_SOURCES = ("policy", "reference")
@@ -105,7 +105,7 @@ def collect_rollouts(
     seed: int = 0,
     reuse_kv: bool = True,
     actor: Callable[..., list[Generation]] | None = None,
-    progress: bool | str = False,
+    progress: Progress = False,
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
 
@@ -123,7 +123,8 @@ def collect_rollouts(
         reuse_kv: Keep each conversation's KV cache between turns (:mod:`envace_gym.sessions`).
         actor: Writes the Act turns instead of one batched policy call: ``actor(episodes, rng, session, keys)``
             returns one generation per live episode (e.g. :class:`~envace_gym.planning.RehearsalPlanner`).
-        progress: Show a progress bar of finished episodes (a string also names the bar).
+        progress: ``True`` (or a label) shows a bar of finished episodes with the generation round; a callable
+            is called as ``progress(done, total)`` each time an episode finishes (:mod:`envace_gym.progress`).
     """
     if act not in ACT_SOURCES:
         raise ValueError(f"act must be one of {ACT_SOURCES}, got {act!r}")
@@ -161,10 +162,10 @@ def collect_rollouts(
     results: list[EpisodeResult | None] = [None] * len(episodes)
     live = list(range(len(episodes)))
     started, act_calls, act_tokens, rounds = time.perf_counter(), 0, 0, 0
-    label = progress if isinstance(progress, str) else "episodes"
-    bar = tqdm(total=len(episodes), desc=label, unit="ep", disable=not progress)
+    bar = ProgressReporter(progress, len(episodes), "episodes", "ep")
     while live:
         rounds += 1
+        bar.note(round=rounds, live=len(live))
         if act == "policy":
             if actor is not None:
                 gens: list[Generation | None] = list(actor([episodes[i] for i in live], rng, session, live))

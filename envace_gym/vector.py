@@ -13,6 +13,7 @@ from .batching import generate_batched, open_session, run_lockstep
 from .domains import Domain, make_domain
 from .env import DEFAULT_DOMAIN, RehearsalEnv
 from .policy import Generation, SamplingParams, make_policy
+from .progress import Progress, ProgressReporter
 
 
 class RehearsalVectorEnv(VectorEnv):
@@ -29,7 +30,9 @@ class RehearsalVectorEnv(VectorEnv):
 
     Observations and actions are tuples of strings; ``info`` is Gymnasium's dict of per-env arrays.
     Created by ``gym.make_vec("EnvACE-Rehearsal-v0", num_envs=N, vectorization_mode="vector_entry_point",
-    **kwargs)`` with the same keyword arguments as :class:`RehearsalEnv`, plus ``autoreset_mode``.
+    **kwargs)`` with the same keyword arguments as :class:`RehearsalEnv`, plus ``autoreset_mode`` and
+    ``progress`` (``True``: a bar per :meth:`step` of the sub-envs whose turn is done, rehearsals included;
+    a callable gets ``(done, total)``; see :mod:`envace_gym.progress`).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
@@ -43,6 +46,7 @@ class RehearsalVectorEnv(VectorEnv):
         *,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         domain_kwargs: dict[str, Any] | None = None,
+        progress: Progress = False,
         **env_kwargs: Any,
     ) -> None:
         if num_envs < 1:
@@ -52,6 +56,7 @@ class RehearsalVectorEnv(VectorEnv):
             raise ValueError("autoreset_mode DISABLED is not supported; use NEXT_STEP or SAME_STEP")
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
         self.num_envs = num_envs
+        self.progress = progress
         self.domain = make_domain(domain, **dict(domain_kwargs or {}))
         self.policy = make_policy(policy)  # one model for all sub-envs: the same weights act and rehearse
         self.envs = [
@@ -135,7 +140,9 @@ class RehearsalVectorEnv(VectorEnv):
             act, self._acts[i] = self._acts[i], None
             stepping.append(i)
             coroutines.append(env.episode.step(actions[i], act if act is not None and act.text == actions[i] else None))
-        outcomes = run_lockstep(coroutines, self.policy, self.np_random, self.session)
+        bar = ProgressReporter(self.progress, len(coroutines), "sub-env turns", "env")
+        outcomes = run_lockstep(coroutines, self.policy, self.np_random, self.session, on_done=lambda _: bar.update())
+        bar.close()
         for i, outcome in zip(stepping, outcomes, strict=True):
             obs[i], rewards[i] = outcome.observation, outcome.reward
             terminated[i], truncated[i] = outcome.terminated, outcome.truncated

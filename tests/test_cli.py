@@ -23,13 +23,13 @@ def test_demo_shows_rehearsed_next_to_real():
     text = out.getvalue()
     assert stats.episodes == 2 and stats.rehearsals >= 2
     assert text.count("rehearsed:") == stats.rehearsals == text.count("real:")
-    assert "mean reward" in text
+    assert "mean reward" in text and "scores the reference, not the model" in text  # whose acts were scored
 
 
 def test_demo_with_the_policy_acting():
     out = io.StringIO()
     stats = run_demo("units", episodes=1, act="policy", policy="tiny", max_new_tokens=8, out=out)
-    assert stats.episodes == 1 and "act:" in out.getvalue()
+    assert stats.episodes == 1 and "act:" in out.getvalue() and "the model's own Act turns" in out.getvalue()
 
 
 def test_errors_are_reported_not_raised(capsys):

@@ -184,3 +184,34 @@ def test_inline_rows_mask_the_scaffolding():
     assert "<tool_response>" not in trained and "</tool_response>" in trained  # the model closes its response
     for _call, result in task.reference_pairs():
         assert envace_gym.episode._dump(result) in trained
+
+
+def test_progress_callbacks_count_every_unit_of_work(tiny):
+    from envace_gym.evaluate import evaluate
+
+    seen = []
+    collect_rollouts(
+        tiny, "bank", TASKS[:2], group_size=2, act="reference", rehearsal=REHEARSE_GREEDY,
+        progress=lambda done, total: seen.append((done, total)),
+    )  # fmt: skip
+    assert seen == [(k, 4) for k in range(1, 5)]  # one call per finished episode, in order
+
+    seen.clear()
+    venv = RehearsalVectorEnv(
+        3, "bank", policy=tiny, rehearsal=REHEARSE_GREEDY, act_sampling=GREEDY, on_invalid="feedback",
+        progress=lambda done, total: seen.append((done, total)),
+    )  # fmt: skip
+    venv.reset(seed=0)
+    venv.step(['<tool_call>\n{"name": "get_balance", "arguments": {"account_id": "ACC-1"}}\n</tool_call>'] * 3)
+    assert seen == [(1, 3), (2, 3), (3, 3)]  # each sub-env's turn, rehearsal included
+
+    seen.clear()
+    evaluate(tiny, "bank", num_tasks=2, max_new_tokens=4, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(k, 4) for k in range(1, 5)]  # both passes (real execution, fidelity) as one count
+
+
+def test_progress_bar_is_opt_in(tiny, capsys):
+    collect_rollouts(tiny, "units", ["units/000"], act="reference", rehearsal=REHEARSE_GREEDY)
+    assert "episodes" not in capsys.readouterr().err  # silent unless asked
+    collect_rollouts(tiny, "units", ["units/000"], act="reference", rehearsal=REHEARSE_GREEDY, progress="my pass")
+    assert "my pass" in capsys.readouterr().err
