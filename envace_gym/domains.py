@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import json
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -527,27 +528,80 @@ def register_domain(name: str, factory: Callable[..., Domain] | str, *, overwrit
     _FACTORIES[name] = factory
 
 
+ENTRY_POINT_GROUP = "envace_gym.domains"
+
+
+def _installed_domains() -> None:
+    """Add the domains other installed packages declare as entry points (group ``envace_gym.domains``,
+    ``name = "module:attr"``); names registered in this process win."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        _FACTORIES.setdefault(entry.name, entry.value)
+
+
 def list_domains() -> list[str]:
+    _installed_domains()
     return sorted(_FACTORIES)
 
 
+def _domain_from_code(ref: str, **kwargs: Any) -> Domain:
+    """``"module:attr"`` or ``"path/to/file.py:attr"``: a Domain, a Domain class or a factory in the user's own
+    code (imported as any module is; model text is never executed)."""
+    where, _, attr = ref.rpartition(":")
+    if where.endswith(".py"):
+        file = Path(where)
+        if not file.is_file():
+            raise DomainError(f"domain {ref!r}: no file {where}")
+        spec = importlib.util.spec_from_file_location(f"envace_user_domain_{file.stem}", file)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    else:
+        if importlib.util.find_spec(where.split(".")[0]) is None and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # `envace` is a console script: its sys.path lacks the cwd
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as exc:
+            raise DomainError(
+                f"unknown domain {ref!r}: not a registered family ({list_domains()}) and no module {where!r} "
+                f"to import ({exc})"
+            ) from exc
+    target = getattr(module, attr, None)
+    if target is None:
+        raise DomainError(f"domain {ref!r}: {where} has no attribute {attr!r}")
+    built = target if isinstance(target, Domain) else target(**kwargs) if callable(target) else None
+    if not isinstance(built, Domain):
+        raise DomainError(f"domain {ref!r} is {type(target).__name__}, not a Domain, a Domain class or a factory")
+    return built
+
+
 def make_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
-    """Resolve ``domain=`` : a Domain object, a registered name, or a path to a domain folder."""
+    """Resolve ``domain=``: a Domain object, a registered name (entry points of other packages included), a
+    path to a domain folder, or a reference into the user's code, ``"module:attr"`` / ``"file.py:attr"``."""
     if isinstance(domain, Domain):
         return domain
     if isinstance(domain, Path) or (isinstance(domain, str) and domain not in _FACTORIES and Path(domain).is_dir()):
         return FolderDomain(domain)
     if not isinstance(domain, str):
         raise DomainError(f"domain must be a name, a folder or a Domain, got {type(domain).__name__}")
+    if domain not in _FACTORIES:
+        _installed_domains()
     factory, argument = _FACTORIES.get(domain), None
     if factory is None and ":" in domain:  # "bfcl:parallel", "tau2:retail": a family and one of its members
         family, _, argument = domain.partition(":")
         factory = _FACTORIES.get(family)
+        if factory is None:  # "my_package.domains:LibraryDomain" or "my_domain.py:LibraryDomain"
+            return _domain_from_code(domain, **kwargs)
     if factory is None:
         raise DomainError(f"unknown domain {domain!r}; registered: {list_domains()} (or pass a folder path)")
     if isinstance(factory, str):
         module, _, attr = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise DomainError(
+                f"domain {domain!r} is registered as {module}:{attr}, which cannot be loaded: {exc}"
+            ) from exc
     built = factory(argument, **kwargs) if argument is not None else factory(**kwargs)
     if not isinstance(built, Domain):
         raise DomainError(f"the factory of domain {domain!r} returned {type(built).__name__}, not a Domain")

@@ -79,7 +79,9 @@ class RehearsalEnv(gym.Env[str, str]):
 
     * ``domain``: a registered name (``"units"``, ``"bank"``, ``"travel"``, ...), a folder, or a Domain.
     * ``policy``: ``None`` (the embedded SmolLM2-135M), ``"tiny"``, a path or hub id, a
-      ``(model, tokenizer)`` pair, or any :class:`~envace_gym.policy.Policy`. Loaded at the first reset.
+      ``(model, tokenizer)`` pair, or any :class:`~envace_gym.policy.Policy`. Loaded at the first reset;
+      with ``executor="real"`` and the default model only its tokenizer loads there, and the weights wait
+      for the first :meth:`act` (stepping given actions never needs them).
     * ``executor``: ``"rehearsal"`` | ``"real"`` | ``"cached"`` | ``"mixed"`` (with ``p_real``).
     * ``rehearsal_mode``: ``"separate"`` (a fresh prompt per call with privileged reference results, the
       paper's) or ``"inline"`` (the policy writes the tool turn as a continuation of its own chat).
@@ -159,6 +161,18 @@ class RehearsalEnv(gym.Env[str, str]):
             self._session = open_session(self.policy)
         return self._session
 
+    def _weights_deferred(self) -> bool:
+        """``executor="real"`` with the default model: episodes need only its tokenizer until :meth:`act` (or
+        a caller's generation) asks for the weights, so stepping given actions never loads them."""
+        return self._policy is None and self._policy_spec in (None, "default") and self.config.executor == "real"
+
+    def _tokenizer_and_context(self) -> tuple[Any, int]:
+        if self._weights_deferred():
+            from .models import load_default_tokenizer
+
+            return load_default_tokenizer()
+        return self.policy.tokenizer, self.policy.max_context
+
     @property
     def episode(self) -> Episode:
         if self._episode is None:
@@ -169,14 +183,14 @@ class RehearsalEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         task = self._resolve_task((options or {}).get("task"))
-        policy = self.policy
+        tokenizer, max_context = self._tokenizer_and_context()
         self._episode = Episode(
             self.domain,
             task,
             self.config,
-            policy.tokenizer,
+            tokenizer,
             self.np_random,
-            max_context=policy.max_context,
+            max_context=max_context,
             act_max_new_tokens=self.act_sampling.max_new_tokens,
             key=id(self),
         )
@@ -194,7 +208,11 @@ class RehearsalEnv(gym.Env[str, str]):
         act, self._act_generation = self._act_generation, None
         if act is not None and act.text != action:
             act = None  # the caller changed the text: it is tokenized as given
-        (outcome,) = run_lockstep([episode.step(action, act)], self.policy, self.np_random, self.session)
+        if self._weights_deferred():  # the real executor answers every call: nothing here generates
+            policy, session = _LoadOnGenerate(self), None
+        else:
+            policy, session = self.policy, self.session
+        (outcome,) = run_lockstep([episode.step(action, act)], policy, self.np_random, session)
         if self.render_mode == "human":
             self.render()
         return outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
@@ -232,3 +250,13 @@ class RehearsalEnv(gym.Env[str, str]):
         if task is not None:
             raise EnvACEError(f"options['task'] must be a task id or a Task, got {type(task).__name__}")
         return self.domain.sample_task(self.np_random, self.split)
+
+
+class _LoadOnGenerate:
+    """Stands in for a policy whose weights are not loaded yet; loads them if a generation is asked for."""
+
+    def __init__(self, env: RehearsalEnv) -> None:
+        self.env = env
+
+    def generate(self, prompts: Any, params: SamplingParams) -> list[Generation]:
+        return self.env.policy.generate(prompts, params)

