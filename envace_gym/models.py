@@ -2,8 +2,8 @@
 
 No network is needed. The first load dequantizes the GGUF with ``transformers`` (``GgufConfig(dequantize=True)``,
 so the weights are plain tensors that can be trained and saved) and writes a safetensors copy into the user
-cache; later loads read that copy in well under a second. SmolLM2's own chat template knows no tools, so the
-cached tokenizer carries TRL's Qwen2.5 template, which uses the same ChatML tokens.
+cache (23 s on 2 CPU cores); later loads read that copy (about 3 s). SmolLM2's own chat template knows no
+tools, so the cached tokenizer carries TRL's Qwen2.5 template, which uses the same ChatML tokens.
 """
 
 from __future__ import annotations
@@ -79,7 +79,10 @@ def ensure_default_model(verbose: bool = True) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     if verbose:
-        print(f"envace-gym: converting {source.name} to safetensors in {target} (once, ~20 s)", flush=True)
+        print(
+            f"envace-gym: converting {source.name} to safetensors in {target} (once; about 25 s on 2 CPU cores)",
+            flush=True,
+        )
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     model = AutoModelForCausalLM.from_pretrained(
         source.parent, gguf_file=source.name, quantization_config=GgufConfig(dequantize=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import runpy
 import sys
 from pathlib import Path
@@ -10,10 +11,12 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def run(name: str, *argv: str) -> None:
+    """Run ``examples/<name>`` (or ``benchmarks/<name>``) as a script with ``argv``."""
+    path = EXAMPLES / name if (EXAMPLES / name).is_file() else EXAMPLES.parent / "benchmarks" / name
     old = sys.argv
     sys.argv = [name, *argv]
     try:
-        runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+        runpy.run_path(str(path), run_name="__main__")
     finally:
         sys.argv = old
 
@@ -28,3 +31,11 @@ def test_quickstart_example(capsys):
     run("quickstart.py", "--model", "tiny")
     out = capsys.readouterr().out
     assert "executor=real" in out and "executor=rehearsal" in out and "reward 1.00" in out
+
+
+def test_rehearsal_format_benchmark_counts_every_rehearsed_call(capsys):
+    run("rehearsal_format.py", "--model", "tiny", "--tasks", "2", "--setting", "0:1")
+    out = capsys.readouterr().out
+    (row,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert row["temperature"] == 0 and row["calls"] >= 2  # both tasks' calls were rehearsed
+    assert row["well_formed"] <= row["calls"] and sum(row["codes"].values()) == row["calls"]

@@ -1,0 +1,144 @@
+"""Every code block in README.md and docs/*.md does what it says, as written.
+
+* ``python`` blocks run, each in a fresh namespace, on the tiny model: the embedded default model is
+  swapped for it, so a block that leaves ``policy=`` at its default still runs in CI's time. A block about
+  the default model itself is marked ``<!-- doctest: default-model -->`` on the line above its fence and
+  runs on the real one (few: they are slow). ``<!-- doctest: needs-benchmarks -->`` marks a block that
+  needs ``make benchmarks``.
+* ``bash`` blocks: every ``envace ...`` command parses with the CLI's own parser (flags and values exist;
+  the commands themselves train for minutes to hours), every ``make`` target exists in the Makefile and
+  every script they run is in the repository.
+* ``json`` blocks parse.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from envace_gym import models
+from envace_gym.cli import _parse_settings, build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^(?:<!-- doctest: (?P<mark>[\w-]+) -->\n)?^```(?P<lang>\w*)\n(?P<code>.*?)^```$", re.M | re.S)
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    lang: str
+    mark: str | None
+    code: str
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(lang: str) -> list[Block]:
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for m in FENCE.finditer(text):
+            if m.group("lang") == lang:
+                line = text[: m.start("code")].count("\n")
+                found.append(Block(page.relative_to(ROOT).as_posix(), line, lang, m.group("mark"), m.group("code")))
+    return found
+
+
+PYTHON = blocks("python")
+BASH = blocks("bash")
+
+
+def test_the_pages_have_blocks_to_check():
+    assert len(PYTHON) >= 8 and len(BASH) >= 8 and blocks("json")
+    assert {b.mark for b in PYTHON} <= {None, "default-model", "needs-benchmarks"}
+
+
+@pytest.fixture
+def default_is_tiny(tiny, monkeypatch):
+    """The embedded default model, as far as the package can tell, is the tiny one."""
+    monkeypatch.setattr(models, "load_default_policy", lambda: tiny)
+    monkeypatch.setattr(models, "load_default_tokenizer", lambda: (tiny.tokenizer, tiny.max_context))
+
+
+def run_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    if block.mark == "needs-benchmarks" and not (
+        importlib.util.find_spec("bfcl_eval") and importlib.util.find_spec("tau2")
+    ):
+        pytest.skip("needs make benchmarks")
+    monkeypatch.chdir(tmp_path)  # whatever a block writes stays out of the repository
+    namespace: dict = {"__name__": "__doc_block__"}
+    exec(compile(block.code, str(block), "exec"), namespace)  # our own documentation, not model text
+    return namespace
+
+
+@pytest.mark.parametrize("block", [b for b in PYTHON if b.mark != "default-model"], ids=str)
+def test_python_blocks_run_on_the_tiny_model(block, default_is_tiny, tmp_path, monkeypatch):
+    run_block(block, tmp_path, monkeypatch)
+
+
+@pytest.mark.default_model
+@pytest.mark.parametrize("block", [b for b in PYTHON if b.mark == "default-model"], ids=str)
+def test_python_blocks_about_the_default_model_run_on_it(block, tmp_path, monkeypatch):
+    namespace = run_block(block, tmp_path, monkeypatch)
+    if block == PYTHON[0]:  # the README's first snippet: the default model's rehearsal is well formed
+        call = namespace["call"]
+        assert call["route"] == "rehearsal" and call["error"] is None, call
+
+
+def test_the_readme_opens_with_the_default_model():
+    first = PYTHON[0]
+    assert first.page == "README.md" and first.mark == "default-model"
+
+
+def commands(block: Block) -> list[list[str]]:
+    """The block's commands, continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", block.code)
+    return [shlex.split(line, comments=True) for line in text.splitlines() if shlex.split(line, comments=True)]
+
+
+def check_envace(argv: list[str]) -> None:
+    if argv[0] in ("train", "experiment"):
+        from envace_gym.experiment import ExperimentConfig
+        from envace_gym.train import TrainConfig
+
+        _parse_settings(TrainConfig if argv[0] == "train" else ExperimentConfig, f"envace {argv[0]}", argv[1:])
+    else:
+        build_parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("block", BASH, ids=str)
+def test_bash_blocks_name_real_commands_flags_and_files(block, tmp_path, monkeypatch):
+    makefile = (ROOT / "Makefile").read_text()
+    for argv in commands(block):
+        while argv and "=" in argv[0] and not argv[0].startswith("-"):  # VAR=value prefixes
+            argv = argv[1:]
+        if argv[0] == "envace":
+            if "--config" in argv:  # the YAML the page talks about: one with a setting of its own
+                config = tmp_path / argv[argv.index("--config") + 1]
+                config.write_text("seed: 1\n")
+                argv[argv.index("--config") + 1] = str(config)
+            check_envace(argv[1:])
+        elif argv[:3] == ["accelerate", "launch", "--multi_gpu"] and "envace_gym.cli" in argv:
+            check_envace(argv[argv.index("envace_gym.cli") + 1 :])
+        elif argv[0] == "make":
+            for target in argv[1:]:
+                if "=" not in target:
+                    assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"no make target {target}"
+        elif argv[0] == "python":
+            assert (ROOT / argv[1]).is_file(), argv
+        else:
+            assert (ROOT / argv[0]).is_file(), f"{block}: unknown command {argv[0]}"
+
+
+@pytest.mark.parametrize("block", blocks("json"), ids=str)
+def test_json_blocks_parse(block):
+    json.loads(block.code)
