@@ -110,7 +110,7 @@ def test_make_policy_accepts_the_documented_forms(tiny):
     assert isinstance(ScriptedPolicy(["x"]), Policy)
     with pytest.raises(PolicyError, match="cannot make a policy"):
         make_policy(42)
-    with pytest.raises(PolicyError, match="cannot load model"):
+    with pytest.raises(PolicyError, match="model path '/nonexistent/model/path' does not exist"):
         make_policy("/nonexistent/model/path")
 
 
