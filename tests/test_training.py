@@ -249,10 +249,53 @@ def test_grpo_settings_the_rollouts_would_ignore_are_refused_by_name(tiny_path, 
             envace_trl.make_rollout_func("units")(["units/train/000"], SimpleNamespace(args=args))
 
 
-def test_user_reward_funcs_are_refused_by_the_envace_trainer(tiny_path, tmp_path):
-    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", **CPU)
-    with pytest.raises(ValueError, match="does not apply reward_funcs"):
+def test_user_reward_funcs_add_to_the_domain_reward_with_their_weights(tiny_path, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    seen = []
+
+    def brevity(prompts, completions, task_id, episode_reward, **fields):
+        seen.append({"task_id": list(task_id), "episode_reward": list(episode_reward), "n": len(completions), **fields})
+        fields["log_metric"]("brevity/episodes", len(prompts))
+        return [None if k == 3 else 0.5 for k in range(len(prompts))]  # episode 3: this judge failed
+
+    args = envace_trl.EnvACEGRPOConfig(
+        output_dir=str(tmp_path), domain="units", per_device_train_batch_size=4, num_generations=2,
+        max_completion_length=8, max_steps=1, reward_weights=[1.0, 2.0], **CPU,
+    )  # fmt: skip
+    trainer = envace_trl.EnvACEGRPOTrainer(
+        model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path), reward_funcs=[brevity]
+    )
+    ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
+    batch = crafted_batch(envace_trl._policy_of(trainer), ids)  # domain rewards 0, 1, 0, 1
+    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
+
+    (call,) = seen  # called once, with every episode's fields
+    assert call["task_id"] == ids and call["episode_reward"] == [0.0, 1.0, 0.0, 1.0]
+    assert call["n"] == 4 and {"messages", "success", "reward_checks", "trainer_state"} <= set(call)
+    combined = [0.0 + 2 * 0.5, 1.0 + 2 * 0.5, 0.0 + 2 * 0.5, None]  # None from any function masks the episode
+    samples = batch.samples()
+    expected = rolewise_advantages(
+        [batch.episodes[s.episode].task_id for s in samples], [s.role for s in samples],
+        [combined[s.episode] for s in samples],
+    )  # fmt: skip
+    assert out["advantages"].tolist() == pytest.approx(expected)
+    masked = torch.tensor([s.episode == 3 for s in samples])
+    assert out["tool_mask"][masked].sum() == 0 and out["tool_mask"][~masked].sum() > 0
+    metrics = trainer._metrics["eval"]  # the model is not in training mode outside train()
+    assert metrics["rewards/envace_reward/mean"] == [0.5] and metrics["rewards/brevity/mean"] == [0.5]
+    assert metrics["reward"] == [pytest.approx(4 / 3)] and metrics["episode/masked"] == [1.0]
+    assert metrics["brevity/episodes"] == [4.0]
+
+
+def test_reward_funcs_and_weights_the_envace_trainer_cannot_apply_are_refused(tiny_path, tmp_path):
+    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", reward_weights=[1.0], **CPU)
+    with pytest.raises(ValueError, match="reward_weights needs 2 weights"):
         envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args, reward_funcs=[lambda **kw: [1.0]])
+    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", **CPU)
+    with pytest.raises(ValueError, match="must be plain functions"):
+        envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args, reward_funcs=["some/reward-model"])
 
 
 def test_real_tools_environment_runs_the_domain_tools(tiny_path, tmp_path):

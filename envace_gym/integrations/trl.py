@@ -24,9 +24,10 @@ task id (and, for the real-tools baseline, the task's opening messages).
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -316,8 +317,15 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
 
     Args:
         model, args, train_dataset, processing_class, **kwargs: as for ``GRPOTrainer``; ``train_dataset``
-            defaults to :func:`task_dataset` of ``args.domain``. ``reward_funcs`` is not needed: the reward is
-            the domain's, computed at the end of each episode.
+            defaults to :func:`task_dataset` of ``args.domain``.
+        reward_funcs: Optional, functions added to the domain's reward (``Domain.score``, always the first).
+            Each is called once per batch as ``f(prompts=..., completions=..., **fields)`` with one entry per
+            episode: ``prompts`` (task ids), ``completions`` (the messages after the opening), ``messages``,
+            ``task_id``, ``episode_reward`` (the domain's), ``success``, ``reward_checks``, plus
+            ``trainer_state`` and ``log_metric(name, value)``; it returns a float or ``None`` per episode. An
+            episode's reward is ``Σ w·r`` with ``args.reward_weights`` (the domain's weight first; default all
+            1, as in TRL), and ``None`` from any function masks the episode. Each function's mean is logged as
+            ``rewards/<name>/mean``.
     """
 
     def __init__(
@@ -325,15 +333,8 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
     ) -> None:
         _refuse_vllm(args, "EnvACEGRPOTrainer")
         _refuse_unused(args, _UNUSED_BY_ENVACE_TRAINER, "EnvACEGRPOTrainer")
-        given = kwargs.get("reward_funcs")
-        if given is not None and list(given if isinstance(given, (list, tuple)) else [given]) != [envace_reward]:
-            raise ValueError(
-                "EnvACEGRPOTrainer takes each episode's reward from its domain (Domain.score) and does not apply "
-                "reward_funcs yet: fold your reward into the domain's score, or use GRPOTrainer with "
-                "make_rollout_func, where reward_funcs and reward_weights work as in TRL"
-            )
         self.domain = make_domain(args.domain)
-        kwargs["reward_funcs"] = [envace_reward]
+        kwargs["reward_funcs"] = _with_domain_reward(kwargs.get("reward_funcs"), args.reward_weights)
         super().__init__(
             model=model,
             args=args,
@@ -341,6 +342,38 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
             processing_class=processing_class,
             **kwargs,
         )
+
+    def _episode_rewards(self, batch: RolloutBatch, mode: str) -> list[float | None]:
+        """Each episode's reward: ``Σ w·r`` over the reward functions, the domain's first (TRL's
+        ``reward_weights``); ``None`` (or NaN) from any function masks the episode."""
+        episodes = batch.episodes
+        pending: dict[str, list[float]] = {}
+        fields = {
+            "prompts": [e.task_id for e in episodes],
+            "completions": [_after_opening(e.messages) for e in episodes],
+            "messages": [e.messages for e in episodes],
+            "task_id": [e.task_id for e in episodes],
+            "episode_reward": [e.reward for e in episodes],
+            "success": [e.success for e in episodes],
+            "reward_checks": [e.checks for e in episodes],
+            "trainer_state": self.state,
+            "log_metric": lambda name, value: pending.setdefault(name, []).append(float(value)),
+        }
+        per_func: list[list[float | None]] = []
+        for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
+            values = list(func(**fields))
+            if len(values) != len(episodes):
+                raise ValueError(f"reward function {name} returned {len(values)} rewards for {len(episodes)} episodes")
+            per_func.append([None if v is None or v != v else float(v) for v in values])  # v != v: NaN
+            given = [v for v in per_func[-1] if v is not None]
+            self._metrics[mode][f"rewards/{name}/mean"].append(_mean(gather_object(given)))
+        for name in sorted(set(gather_object(list(pending)))):  # what reward functions logged, over processes
+            self._metrics[mode][name].append(_mean(gather_object(pending.get(name, []))))
+        weights = self.reward_weights.tolist()
+        return [
+            None if any(v is None for v in values) else sum(w * v for w, v in zip(weights, values, strict=True))
+            for values in zip(*per_func, strict=True)
+        ]
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         device = self.accelerator.device
@@ -353,7 +386,8 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
             on_invalid=self.args.on_invalid, max_turns=self.args.max_turns,
             seed=int(torch.randint(2**31, (1,)).item()),
         )  # fmt: skip
-        samples = [s for s in batch.samples() if s.completion_ids and any(s.mask)]
+        rewards = self._episode_rewards(batch, mode)
+        samples = [replace(s, reward=rewards[s.episode]) for s in batch.samples() if s.completion_ids and any(s.mask)]
 
         # Role-wise advantages over the whole generation batch (groups may straddle processes).
         mine = [(batch.episodes[s.episode].task_id, s.role, s.reward) for s in samples]
@@ -419,14 +453,13 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
                         ref, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep)
                 output["ref_per_token_logps"] = ref
 
-        rewards = [e.reward for e in batch.episodes]
         metrics = self._metrics[mode]
         metrics["reward"].append(_mean(gather_object([r for r in rewards if r is not None])))
         metrics["success"].append(_mean(gather_object([float(e.success) for e in batch.episodes])))
         metrics["rows/act"].append(float(sum(gather_object([sum(s.role == "act" for s in samples)]))))
         metrics["rows/rehearse"].append(float(sum(gather_object([sum(s.role == "rehearse" for s in samples)]))))
         metrics["episode/turns"].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
-        metrics["episode/masked"].append(float(sum(gather_object([int(e.reward is None) for e in batch.episodes]))))
+        metrics["episode/masked"].append(float(sum(gather_object([int(r is None) for r in rewards]))))
         self._envace_batches = getattr(self, "_envace_batches", 0) + 1
         metrics["rollouts/batches_this_run"].append(float(self._envace_batches))  # restarts at 1 on --resume
         return output
@@ -434,6 +467,33 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
 
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
+
+
+def _with_domain_reward(given: Any, weights: Sequence[float] | None) -> list[Any]:
+    """The reward functions of an :class:`EnvACEGRPOTrainer`: the domain's (:func:`envace_reward`) first, then
+    the user's, which must be callables (a reward model has no episode to score)."""
+    user = [] if given is None else list(given if isinstance(given, (list, tuple)) else [given])
+    user = [f for f in user if f is not envace_reward]
+    for f in user:
+        if isinstance(f, (str, torch.nn.Module)) or not callable(f) or inspect.iscoroutinefunction(f):
+            raise ValueError(
+                "EnvACEGRPOTrainer's reward_funcs must be plain functions f(prompts, completions, **fields) -> "
+                f"list[float | None], called once per batch of episodes; got {f!r} (reward models and async "
+                "functions are not supported here)"
+            )
+    funcs = [envace_reward, *user]
+    if weights is not None and len(weights) != len(funcs):
+        raise ValueError(
+            f"reward_weights needs {len(funcs)} weights, the domain's reward first and then one per reward "
+            f"function passed ({len(user)}); got {len(weights)}"
+        )
+    return funcs
+
+
+def _after_opening(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An episode's messages after its opening (system prompt and first user message): its "completion"."""
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages) - 1)
+    return list(messages[first_user + 1 :])
 
 
 # ----------------------------------------------------------------------------------------------------
