@@ -391,3 +391,22 @@ def test_evaluate_reports_success_and_fidelity(capsys):
     assert "episodes (real execution)" in bars and "rehearsal fidelity (reference acts)" in bars
     assert result.rehearsals == sum(len(t.reference_pairs()) for t in tasks)
     assert result.parsed == result.schema_ok == result.equal_to_real == 1.0
+
+
+@pytest.mark.parametrize("sharding", ["zero3", "fsdp"])
+def test_sharded_parameters_are_refused_before_any_rollout(sharding, tmp_path):
+    """ZeRO-3 and FSDP cannot run on this CPU; the refusal is checked on a trainer that reports them."""
+    from types import SimpleNamespace
+
+    plugin = SimpleNamespace(zero_stage=3) if sharding == "zero3" else None
+    trainer = SimpleNamespace(
+        args=one_step_grpo_args(tmp_path, batch_size=2), accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)),
+        is_deepspeed_enabled=sharding == "zero3", is_fsdp_enabled=sharding == "fsdp",
+    )  # fmt: skip
+    name = "DeepSpeed ZeRO-3" if sharding == "zero3" else "FSDP"
+    with pytest.raises(ValueError, match=f"cannot generate from sharded parameters \\({name}\\)"):
+        envace_trl.make_rollout_func("units")(["units/train/000"], trainer)
+    with pytest.raises(ValueError, match=name):
+        envace_trl._refuse_sharded(trainer, "EnvACEGRPOTrainer")
+    trainer.is_fsdp_enabled, trainer.accelerator.state.deepspeed_plugin = False, SimpleNamespace(zero_stage=2)
+    envace_trl._refuse_sharded(trainer, "EnvACEGRPOTrainer")  # ZeRO-2 keeps whole parameters on every rank

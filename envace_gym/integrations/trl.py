@@ -148,6 +148,21 @@ def _refuse_vllm(args: Any, what: str) -> None:
         )
 
 
+def _refuse_sharded(trainer: Any, what: str) -> None:
+    """Rollouts generate with the trained model's own parameters, many calls per step, one episode driver per
+    process: parameters sharded across processes (DeepSpeed ZeRO-3, FSDP) are not gathered for them, and
+    processes whose episodes take different numbers of turns would wait on each other forever. Refused."""
+    plugin = getattr(getattr(trainer.accelerator, "state", None), "deepspeed_plugin", None)
+    zero3 = getattr(trainer, "is_deepspeed_enabled", False) and getattr(plugin, "zero_stage", None) == 3
+    if zero3 or getattr(trainer, "is_fsdp_enabled", False):
+        raise ValueError(
+            f"{what} cannot generate from sharded parameters ({'DeepSpeed ZeRO-3' if zero3 else 'FSDP'}): its "
+            "rollouts call the trained model's generate many times per step, and a rank whose episodes take more "
+            "turns would wait on the others. Use data parallelism (accelerate launch --multi_gpu), DeepSpeed "
+            "ZeRO-1/2, LoRA (peft_config) or --train_layers to fit the model."
+        )
+
+
 def make_rollout_func(
     domain: str | Domain,
     *,
@@ -163,6 +178,7 @@ def make_rollout_func(
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         _refuse_vllm(trainer.args, "make_rollout_func's rollouts")
+        _refuse_sharded(trainer, "make_rollout_func's rollouts")
         _refuse_unused(trainer.args, _UNUSED_BY_ROLLOUTS, "make_rollout_func's rollouts")
         act, rehearsal = _sampling(trainer.args)
         batch = collect_rollouts(
@@ -342,6 +358,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
             processing_class=processing_class,
             **kwargs,
         )
+        _refuse_sharded(self, "EnvACEGRPOTrainer")
 
     def _episode_rewards(self, batch: RolloutBatch, mode: str) -> list[float | None]:
         """Each episode's reward: ``Σ w·r`` over the reward functions, the domain's first (TRL's
