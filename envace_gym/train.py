@@ -253,6 +253,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             beta=config.beta,
             scale_rewards="none",
             delta=3.0,
+            use_bias_correction_kl=False,  # the paper's k3 KL estimate (matters only with beta > 0)
             loss_type="dapo",
             max_steps=config.grpo_steps,
             bf16=resolve_dtype(config.dtype, "cpu" if _use_cpu() else "cuda") == torch.bfloat16,

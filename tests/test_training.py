@@ -182,6 +182,51 @@ def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path
         )
 
 
+def test_trl_and_pure_torch_trainers_agree_on_a_batch_with_a_masked_episode(tiny_path, monkeypatch):
+    """The same on-policy batch (one episode masked, the policy moved away from its reference so the KL term
+    counts) gives EnvACEGRPOTrainer's TRL loss and envace_gym.trainer's loss the same value and gradients."""
+    from transformers import AutoTokenizer
+
+    args = envace_trl.EnvACEGRPOConfig(
+        output_dir=os.path.join(os.path.dirname(tiny_path), "out-agree"), domain="units",
+        per_device_train_batch_size=4, num_generations=2, max_completion_length=8, max_steps=1, beta=0.1, **CPU,
+    )  # fmt: skip
+    trainer = envace_trl.EnvACEGRPOTrainer(
+        model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path)
+    )
+    torch.manual_seed(0)
+    with torch.no_grad():  # the policy has moved since the reference copy was taken
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
+    batch = crafted_batch(envace_trl._policy_of(trainer), ids)  # log-probs of the moved policy: on-policy
+    batch.episodes[2].reward = None
+    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+
+    trainer.model.zero_grad()
+    trl_loss = trainer.compute_loss(trainer.model, out)
+    trl_loss.backward()
+    trl_grads = [p.grad.detach().clone() for p in params]
+
+    samples = batch.samples()
+    advantages = rolewise_advantages(
+        [batch.episodes[s.episode].task_id for s in samples], [s.role for s in samples], [s.reward for s in samples]
+    )
+    kept = [(s, a) for s, a in zip(samples, advantages, strict=True) if s.reward is not None]
+    trainer.model.zero_grad()
+    loss, _ = grpo_loss(
+        trainer.model, [s for s, _ in kept], [a for _, a in kept], TrainerConfig(kl_coef=0.1, dtype="float32"),
+        sum(sum(s.mask) for s, _ in kept), reference=trainer.ref_model,
+    )  # fmt: skip
+    loss.backward()
+    assert trl_loss.item() == pytest.approx(loss.item(), rel=1e-5, abs=1e-7)
+    for mine, theirs in zip([p.grad for p in params], trl_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in trl_grads)
+
+
 def test_rollout_func_masks_the_tokens_of_a_masked_episode(tmp_path, monkeypatch):
     from types import SimpleNamespace
 

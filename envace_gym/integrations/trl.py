@@ -313,7 +313,8 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
     """``GRPOConfig`` with the EnvACE settings; defaults follow the paper (docs/method.md).
 
     ``scale_rewards="none"`` (A = R - mean, no std), ``delta=3.0`` (TRL's two-sided clipping caps the ratio of
-    negative-advantage tokens: the paper's dual-clip c = 3), ``loss_type="dapo"`` (token-mean over the batch).
+    negative-advantage tokens: the paper's dual-clip c = 3), ``loss_type="dapo"`` (token-mean over the batch),
+    ``use_bias_correction_kl=False`` (the paper's low-variance KL estimate, k3, when ``beta > 0``).
     ``per_device_train_batch_size`` counts episodes (tasks x ``num_generations``); the number of training rows
     each batch yields varies with the episodes.
     """
@@ -326,6 +327,13 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
     scale_rewards: str = field(default="none", metadata={"help": "No std normalization, as in the paper."})
     delta: float | None = field(default=3.0, metadata={"help": "Dual-clip bound for negative advantages."})
     loss_type: str = field(default="dapo", metadata={"help": "Token-mean over the batch."})
+    use_bias_correction_kl: bool = field(
+        default=False,
+        metadata={
+            "help": "The paper's low-variance KL (k3), as envace_gym.trainer has it; TRL's default (True) multiplies "
+            "it by the importance ratio, which changes the KL gradient even on-policy."
+        },
+    )
 
 
 class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
