@@ -55,7 +55,11 @@ class TrainConfig:
         },
     )
     tasks_per_step: int = field(
-        default=2, metadata={"help": "Tasks per GRPO batch; each gives a group of group_size episodes."}
+        default=2,
+        metadata={
+            "help": "Tasks per GRPO batch, over all processes; each gives a group of group_size episodes "
+            "(under accelerate, tasks_per_step x group_size must divide by the number of processes)."
+        },
     )
     group_size: int = field(default=4, metadata={"help": "Episodes per task (the G of GRPO)."})
     rehearsal_mode: str = field(
@@ -119,6 +123,8 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
+        if self.mode != "sft":
+            _episodes_per_process(self)  # refused here, so the CLI says it in one line before anything loads
 
     @property
     def grpo_steps(self) -> int:
@@ -179,6 +185,18 @@ def _resume_point(out: Path) -> str | None:
         return None
     print(f"envace train: resuming from {best[1]}", flush=True)
     return str(best[1])
+
+
+def _episodes_per_process(config: TrainConfig) -> int:
+    """``tasks_per_step`` is the global batch: under ``accelerate launch`` each process plays its share."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    episodes = config.tasks_per_step * config.group_size
+    if episodes % processes:
+        raise ValueError(
+            f"tasks_per_step x group_size = {episodes} episodes per step cannot be shared by {processes} processes; "
+            "make it a multiple of the number of processes"
+        )
+    return episodes // processes
 
 
 def _use_cpu() -> bool:
@@ -246,7 +264,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         # episode's worth so both get the same budget per Act turn.
         turns = config.max_turns or make_domain(config.domain).max_turns
         grpo = dict(
-            per_device_train_batch_size=config.tasks_per_step * config.group_size,
+            per_device_train_batch_size=_episodes_per_process(config),
             num_generations=config.group_size,
             max_completion_length=config.max_new_tokens * (turns if config.mode == "real-tools" else 1),
             temperature=config.temperature,

@@ -152,6 +152,8 @@ def test_trl_path_under_accelerate_with_two_cpu_processes(tiny_path, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["num_processes"] == 2
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "episodes" in line]
+    assert [s["episodes"] for s in steps] == [1 * 2]  # --tasks_per_step 1 x --group_size 2, over both processes
 
 
 def test_training_killed_by_sigkill_resumes_from_its_last_checkpoint(tiny_path, tmp_path):
@@ -263,3 +265,15 @@ def test_model_card_names_the_embedded_default_and_passes_a_card_on(tmp_path, mo
     assert base_model_name(carded_tiny) == "org/base-model"  # an earlier run's final/: its card's base model
     assert base_model_name("org/some-model") == "org/some-model"  # a hub id names itself
     assert base_model_name(str(tmp_path)) is None  # a folder that says nothing of its origin
+
+
+def test_tasks_per_step_is_the_global_batch(monkeypatch):
+    from envace_gym.train import TrainConfig, _episodes_per_process
+
+    config = TrainConfig(tasks_per_step=4, group_size=4)
+    assert _episodes_per_process(config) == 16
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what accelerate launch sets
+    assert _episodes_per_process(config) == 8
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="cannot be shared by 3 processes"):
+        _episodes_per_process(config)

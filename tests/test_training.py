@@ -126,7 +126,7 @@ def test_trl_role_wise_trainer_trains_both_roles(tiny_path, monkeypatch):
     args = envace_trl.EnvACEGRPOConfig(
         output_dir=os.path.join(os.path.dirname(tiny_path), "out"), domain="units", per_device_train_batch_size=4,
         num_generations=2, max_completion_length=8, max_steps=1, logging_steps=1, learning_rate=1e-2, weight_decay=0.0,
-        **CPU,
+        log_completions=True, **CPU,
     )  # fmt: skip
     trainer = envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args, processing_class=tokenizer)
     policy = envace_trl._policy_of(trainer)
@@ -155,6 +155,7 @@ def test_trl_role_wise_trainer_trains_both_roles(tiny_path, monkeypatch):
     trainer.train()
     assert any((p - b).abs().sum() > 0 for p, b in zip(trainer.model.parameters(), before, strict=True))
     assert trainer.state.log_history[0]["rows/rehearse"] > 0
+    assert "completions/mean_length" in trainer.state.log_history[0]  # TRL's metrics, and its table, kept
 
 
 def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path, monkeypatch):
@@ -238,7 +239,14 @@ def test_rollout_func_masks_the_tokens_of_a_masked_episode(tmp_path, monkeypatch
     monkeypatch.setattr(envace_trl, "_policy_of", lambda trainer: policy)
     out = envace_trl.make_rollout_func("units")(ids, SimpleNamespace(args=one_step_grpo_args(tmp_path, batch_size=2)))
     assert out["episode_reward"] == [None, 1.0]
-    assert not any(out["env_mask"][0]) and out["env_mask"][1] == list(batch.episodes[1].episode_row.mask)
+    row = batch.episodes[1].episode_row
+    assert not any(out["env_mask"][0]) and out["env_mask"][1] == [*row.mask, 0]
+    # the episodes ended on their own, their rows not on an end token: one is appended, untrained, so that TRL
+    # does not count them as truncated (completions/clipped_ratio, mask_truncated_completions)
+    assert out["completion_ids"][1] == [*row.completion_ids, policy.stop_ids[0]] and out["logprobs"][1][-1] == 0.0
+    batch.episodes[1].truncated = True  # an episode stopped by a limit stays as it is: truncated for TRL too
+    out = envace_trl.make_rollout_func("units")(ids, SimpleNamespace(args=one_step_grpo_args(tmp_path, batch_size=2)))
+    assert out["completion_ids"][1] == list(row.completion_ids)
 
 
 def test_trl_rollout_func_path(tiny_path, tmp_path):
@@ -455,3 +463,30 @@ def test_sharded_parameters_are_refused_before_any_rollout(sharding, tmp_path):
         envace_trl._refuse_sharded(trainer, "EnvACEGRPOTrainer")
     trainer.is_fsdp_enabled, trainer.accelerator.state.deepspeed_plugin = False, SimpleNamespace(zero_stage=2)
     envace_trl._refuse_sharded(trainer, "EnvACEGRPOTrainer")  # ZeRO-2 keeps whole parameters on every rank
+
+
+def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_path, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    args = envace_trl.EnvACEGRPOConfig(
+        output_dir=str(tmp_path), domain="units", per_device_train_batch_size=4, num_generations=2,
+        max_completion_length=8, max_steps=1, **CPU,
+    )  # fmt: skip
+    trainer = envace_trl.EnvACEGRPOTrainer(
+        model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path)
+    )
+    ids = ["units/train/000"] * 4  # the dataset held the task twice: two groups of G = 2, not one of 4
+    batch = crafted_batch(envace_trl._policy_of(trainer), ids)
+    for episode, reward in zip(batch.episodes, [0.0, 0.0, 1.0, 1.0], strict=True):
+        episode.reward = reward
+    batch.episodes[3].truncated = True
+    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
+    assert out["advantages"].abs().sum() == 0  # each group's rewards are equal; one group of 4 would give ±0.5
+
+    metrics = trainer._metrics["eval"]
+    assert metrics["rows/act"] == [4.0] and metrics["rows/rehearse"] == [4.0] and metrics["rows/episode"] == [0.0]
+    assert metrics["completions/mean_length"] == [12.0] and metrics["completions/clipped_ratio"] == [0.25]
+    assert metrics["completions/mean_terminated_length"] == [12.0]
+    assert list(trainer._logs["prompt"]) == ids and list(trainer._logs["advantages"]) == [0.0] * 4
+    assert list(trainer._logs["rewards"]["reward"]) == [0.0, 0.0, 1.0, 1.0]

@@ -152,7 +152,7 @@ def _refuse_sharded(trainer: Any, what: str) -> None:
     """Rollouts generate with the trained model's own parameters, many calls per step, one episode driver per
     process: parameters sharded across processes (DeepSpeed ZeRO-3, FSDP) are not gathered for them, and
     processes whose episodes take different numbers of turns would wait on each other forever. Refused."""
-    plugin = getattr(getattr(trainer.accelerator, "state", None), "deepspeed_plugin", None)
+    plugin = getattr(getattr(getattr(trainer, "accelerator", None), "state", None), "deepspeed_plugin", None)
     zero3 = getattr(trainer, "is_deepspeed_enabled", False) and getattr(plugin, "zero_stage", None) == 3
     if zero3 or getattr(trainer, "is_fsdp_enabled", False):
         raise ValueError(
@@ -186,7 +186,7 @@ def make_rollout_func(
             act_sampling=act, rehearsal=rehearsal, on_invalid=on_invalid, max_turns=max_turns,
             seed=int(torch.randint(2**31, (1,)).item()),
         )  # fmt: skip
-        rows = [episode.episode_row for episode in batch.episodes]
+        rows = [_ended_row(e, _policy_of(trainer).stop_ids) for e in batch.episodes]
         return {
             "prompt_ids": [list(r.prompt_ids) for r in rows],
             "completion_ids": [list(r.completion_ids) for r in rows],
@@ -202,6 +202,22 @@ def make_rollout_func(
         }
 
     return rollout_func
+
+
+def _ended_row(episode: Any, stop_ids: Sequence[int]) -> Any:
+    """The episode's row as TRL should read it. TRL calls a completion truncated (``completions/clipped_ratio``;
+    dropped by ``mask_truncated_completions``) when its last token is not an end token; an episode that ended on
+    its own but whose last tokens are not one (an invalid rehearsal cut at its budget, in inline mode) gets an
+    end token appended, untrained (mask 0), so only episodes stopped by a limit look truncated."""
+    row = episode.episode_row
+    if episode.truncated or not stop_ids or not row.completion_ids or row.completion_ids[-1] in stop_ids:
+        return row
+    return replace(
+        row,
+        completion_ids=(*row.completion_ids, stop_ids[0]),
+        logprobs=(*row.logprobs, 0.0),
+        mask=(*row.mask, 0),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -368,6 +384,19 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
         )
         _refuse_sharded(self, "EnvACEGRPOTrainer")
 
+    def _group_keys(self, batch: RolloutBatch) -> list[tuple[str, int]]:
+        """Each episode's GRPO group: its task and which run of ``num_generations`` episodes of that task it is
+        in, over the whole generation batch, so a task that appears twice in a batch makes two groups of G,
+        not one of 2G."""
+        everyone = gather_object([[e.task_id for e in batch.episodes]])
+        seen: dict[str, int] = {}
+        keys = []
+        for task_id in (t for part in everyone for t in part):
+            keys.append((task_id, seen.get(task_id, 0) // self.num_generations))
+            seen[task_id] = seen.get(task_id, 0) + 1
+        start = sum(len(part) for part in everyone[: self.accelerator.process_index])
+        return keys[start : start + len(batch.episodes)]
+
     def _episode_rewards(self, batch: RolloutBatch, mode: str) -> list[float | None]:
         """Each episode's reward: ``Σ w·r`` over the reward functions, the domain's first (TRL's
         ``reward_weights``); ``None`` (or NaN) from any function masks the episode."""
@@ -415,7 +444,8 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
         samples = [replace(s, reward=rewards[s.episode]) for s in batch.samples() if s.completion_ids and any(s.mask)]
 
         # Role-wise advantages over the whole generation batch (groups may straddle processes).
-        mine = [(batch.episodes[s.episode].task_id, s.role, s.reward) for s in samples]
+        groups = self._group_keys(batch)
+        mine = [(groups[s.episode], s.role, s.reward) for s in samples]
         everyone = gather_object(mine)
         all_adv = rolewise_advantages(
             [g for g, _, _ in everyone], [r for _, r, _ in everyone], [x for _, _, x in everyone]
@@ -464,30 +494,65 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
         ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention = torch.cat([prompt_mask, completion_mask], dim=1)
         keep = completion_ids.size(1)
+        # The extra forward passes run in chunks of a micro-batch of rows, as TRL's do (the plain forward's memory).
+        chunk = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         with torch.no_grad():
             if self.args.gradient_accumulation_steps % (steps * self.num_iterations) != 0:
                 output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, ids, attention, keep
+                    self.model, ids, attention, keep, chunk
                 )
             if self.beta != 0.0:
                 if self.ref_model is not None:
-                    ref, _, _ = self._get_per_token_logps_and_entropies(self.ref_model, ids, attention, keep)
+                    ref, _, _ = self._get_per_token_logps_and_entropies(self.ref_model, ids, attention, keep, chunk)
                 else:
                     unwrapped = self.accelerator.unwrap_model(self.model)
                     with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                        ref, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep)
+                        ref, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, chunk)
                 output["ref_per_token_logps"] = ref
 
         metrics = self._metrics[mode]
         metrics["reward"].append(_mean(gather_object([r for r in rewards if r is not None])))
         metrics["success"].append(_mean(gather_object([float(e.success) for e in batch.episodes])))
-        metrics["rows/act"].append(float(sum(gather_object([sum(s.role == "act" for s in samples)]))))
-        metrics["rows/rehearse"].append(float(sum(gather_object([sum(s.role == "rehearse" for s in samples)]))))
+        for role in ("act", "rehearse", "episode"):  # separate mode: act + rehearse rows; inline: one episode row each
+            metrics[f"rows/{role}"].append(float(sum(gather_object([sum(s.role == role for s in samples)]))))
+        self._log_completions(batch, samples, rewards, groups, mode)
+        metrics["episodes"].append(float(sum(gather_object([len(batch.episodes)]))))
         metrics["episode/turns"].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
         metrics["episode/masked"].append(float(sum(gather_object([int(r is None) for r in rewards]))))
         self._envace_batches = getattr(self, "_envace_batches", 0) + 1
         metrics["rollouts/batches_this_run"].append(float(self._envace_batches))  # restarts at 1 on --resume
         return output
+
+    def _log_completions(
+        self, batch: RolloutBatch, samples: list[Any], rewards: list[float | None], groups: list[Any], mode: str
+    ) -> None:
+        """TRL's ``completions/*`` metrics and its prompt/completion table (``log_completions``), one entry per
+        episode: its trained tokens, whether it was truncated (it stopped at a limit, not on its own), and its
+        episode-level advantage (reward minus its group's mean)."""
+        lengths = [0] * len(batch.episodes)
+        for s in samples:
+            lengths[s.episode] += sum(s.mask)
+        every = gather_object([(n, e.truncated) for n, e in zip(lengths, batch.episodes, strict=True)])
+        metrics = self._metrics[mode]
+        metrics["completions/mean_length"].append(_mean([float(n) for n, _ in every]))
+        metrics["completions/min_length"].append(float(min((n for n, _ in every), default=0)))
+        metrics["completions/max_length"].append(float(max((n for n, _ in every), default=0)))
+        metrics["completions/clipped_ratio"].append(_mean([float(t) for _, t in every]))
+        ended = [float(n) for n, t in every if not t]
+        metrics["completions/mean_terminated_length"].append(_mean(ended))
+        metrics["completions/min_terminated_length"].append(min(ended, default=0.0))
+        metrics["completions/max_terminated_length"].append(max(ended, default=0.0))
+        everyone = gather_object([(g, r) for g, r in zip(groups, rewards, strict=True) if r is not None])
+        by_group: dict[Any, list[float]] = {}
+        for g, r in everyone:
+            by_group.setdefault(tuple(g), []).append(r)
+        self._logs["prompt"].extend(gather_object([e.task_id for e in batch.episodes]))
+        self._logs["completion"].extend(gather_object([_after_opening(e.messages) for e in batch.episodes]))
+        self._logs["rewards"]["reward"].extend(gather_object([float("nan") if r is None else r for r in rewards]))
+        advantages = [
+            float("nan") if r is None else r - _mean(by_group[tuple(g)]) for g, r in zip(groups, rewards, strict=True)
+        ]
+        self._logs["advantages"].extend(gather_object(advantages))
 
 
 def _mean(values: Sequence[float]) -> float:
