@@ -454,8 +454,9 @@ class Episode:
                 retry = error is not None and error.code is ErrorCode.RESULT_SCHEMA_MISMATCH
                 if not (retry and attempt < cfg.returns_resamples):
                     break  # a rejected sample is dropped from the chat; the last one stays, good or bad
-            if error is not None and error.details.get("special_tokens") and self.config.on_invalid == "feedback":
-                # Never let a turn-opening token into a chat that goes on: the error replaces the response.
+            if error is not None and error.details.get("ends_turn") and self.config.on_invalid == "feedback":
+                # Never let a token that opens or ends a turn into a chat that goes on: the error replaces the
+                # response (with "terminate" the episode ends here and the row keeps what was generated).
                 self.messages.append(self._tool_message(call, error.to_payload()))
                 self._append_text(_dump(error.to_payload()))
                 rest = after
@@ -479,7 +480,7 @@ class Episode:
             error = ToolError(
                 ErrorCode.INVALID_REHEARSAL,
                 "the tool response contains special tokens (it may not open or close turns)",
-                {"output": gen.text[:300], "special_tokens": True},
+                {"output": gen.text[:300], "special_tokens": True, "ends_turn": True},
                 source="rehearsal",
             )
             return gen.text, after, error
@@ -496,8 +497,8 @@ class Episode:
         missing = closing or self.chat.eos_text
         error = ToolError(
             ErrorCode.INVALID_REHEARSAL,
-            f"the tool response was not closed with {missing!r}",
-            {"output": gen.text[:300]},
+            f"the tool response {'ended the turn before' if ended_with_eos else 'was not closed with'} {missing!r}",
+            {"output": gen.text[:300], **({"ends_turn": True} if ended_with_eos else {})},
             source="rehearsal",
         )
         return gen.text, after, error  # the template's own closing follows, so the chat stays well-formed

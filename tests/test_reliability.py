@@ -510,3 +510,24 @@ def test_failed_verifier_is_masked_counted_and_logged(caplog):
     )
     assert batch.stats["masked_episodes"] == 2 and batch.rewards == [None, None]
     assert all(s.reward is None for s in batch.samples())
+
+
+@pytest.mark.parametrize("on_invalid", ["feedback", "terminate"])
+def test_inline_rehearsal_that_ends_the_turn_leaves_no_end_token_mid_chat(on_invalid):
+    """A rehearsal that writes the end-of-turn token before closing its response: with feedback the chat goes
+    on, so the error stands in for the response and no stray end token is left inside the tool turn."""
+    policy = ScriptedPolicy(lambda prompt: '{"owner": "Ana Lima", "accounts"')  # no closing: the policy ends the turn
+    env = gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=policy, rehearsal_mode="inline", on_invalid=on_invalid)
+    env.reset(options={"task": "bank/000"})
+    obs, _, terminated, _, info = env.step(ToolCall("find_accounts", {"owner": "Ana Lima"}).to_text())
+    (call,) = info["calls"]
+    assert call["error"]["code"] == "INVALID_REHEARSAL" and "ended the turn" in call["error"]["message"]
+    if on_invalid == "feedback":
+        assert not terminated
+        assert_one_conversation(env.unwrapped.episode, obs)  # the ids hold the chat the messages describe
+        assert "error_tool_call" in env.unwrapped.episode.messages[-1]["content"]
+    else:  # the episode ends on it; its row keeps the generated tokens, end token included (reward 0)
+        assert (
+            terminated
+            and policy.tokenizer.convert_tokens_to_ids("<|im_end|>") in info["rehearsals"][0]["completion_ids"]
+        )
