@@ -31,6 +31,7 @@ from .errors import (
     SchemaError,
     TaskNotFoundError,
     ToolError,
+    TrainingConfigError,
     UnknownToolError,
 )
 from .executors import ToolExecutor, ToolFailure, tool
@@ -79,6 +80,7 @@ __all__ = [
     "ToolRegistry",
     "ToolSchema",
     "Trajectory",
+    "TrainingConfigError",
     "TransformersPolicy",
     "UnknownToolError",
     "ValidationResult",

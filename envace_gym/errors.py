@@ -91,6 +91,10 @@ class TaskNotFoundError(DomainError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class TrainingConfigError(EnvACEError, ValueError):
+    """A trainer was given settings it cannot apply (it refuses them rather than silently ignoring them)."""
+
+
 class PolicyError(EnvACEError, RuntimeError):
     """The policy cannot be built or cannot generate what was asked."""
 

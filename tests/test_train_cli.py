@@ -277,3 +277,18 @@ def test_tasks_per_step_is_the_global_batch(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ValueError, match="cannot be shared by 3 processes"):
         _episodes_per_process(config)
+
+
+def test_fsdp_under_accelerate_is_refused_in_one_line(tiny_path, tmp_path):
+    """As far as a CPU goes with FSDP: accelerate starts both processes, and each refuses before loading."""
+    accelerate = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
+    cmd = [
+        accelerate, "launch", "--use_fsdp", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", "-m", "envace_gym.cli", "train", "--mode", "rehearsal", "--model", tiny_path,
+        "--output_dir", str(tmp_path / "fsdp"), *SMALL,
+    ]  # fmt: skip
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    assert "envace: error: EnvACEGRPOTrainer cannot generate from sharded parameters (FSDP)" in done.stderr
+    assert "no available devices" not in done.stderr  # refused before accelerate tried to shard anything

@@ -12,6 +12,7 @@ import envace_gym  # noqa: F401
 from envace_gym import make_domain
 from envace_gym.advantages import rolewise_advantages
 from envace_gym.episode import Row
+from envace_gym.errors import TrainingConfigError
 from envace_gym.evaluate import evaluate
 from envace_gym.integrations import trl as envace_trl
 from envace_gym.rollout import EpisodeResult, RolloutBatch, Sample
@@ -447,22 +448,23 @@ def test_evaluate_reports_success_and_fidelity(capsys):
 
 
 @pytest.mark.parametrize("sharding", ["zero3", "fsdp"])
-def test_sharded_parameters_are_refused_before_any_rollout(sharding, tmp_path):
-    """ZeRO-3 and FSDP cannot run on this CPU; the refusal is checked on a trainer that reports them."""
+def test_sharded_parameters_are_refused_before_any_rollout(sharding, tmp_path, monkeypatch):
+    """ZeRO-3 cannot run on this CPU machine: the refusal is checked on settings that ask for it (and for
+    FSDP); test_train_cli runs the real `accelerate launch --use_fsdp` as far as CPU allows."""
     from types import SimpleNamespace
 
-    plugin = SimpleNamespace(zero_stage=3) if sharding == "zero3" else None
-    trainer = SimpleNamespace(
-        args=one_step_grpo_args(tmp_path, batch_size=2), accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)),
-        is_deepspeed_enabled=sharding == "zero3", is_fsdp_enabled=sharding == "fsdp",
-    )  # fmt: skip
+    args = one_step_grpo_args(tmp_path, batch_size=2)
     name = "DeepSpeed ZeRO-3" if sharding == "zero3" else "FSDP"
-    with pytest.raises(ValueError, match=f"cannot generate from sharded parameters \\({name}\\)"):
-        envace_trl.make_rollout_func("units")(["units/train/000"], trainer)
-    with pytest.raises(ValueError, match=name):
-        envace_trl._refuse_sharded(trainer, "EnvACEGRPOTrainer")
-    trainer.is_fsdp_enabled, trainer.accelerator.state.deepspeed_plugin = False, SimpleNamespace(zero_stage=2)
-    envace_trl._refuse_sharded(trainer, "EnvACEGRPOTrainer")  # ZeRO-2 keeps whole parameters on every rank
+    monkeypatch.setattr(args, "deepspeed_plugin", SimpleNamespace(zero_stage=3) if sharding == "zero3" else None)
+    if sharding == "fsdp":
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what accelerate launch --use_fsdp sets
+    with pytest.raises(TrainingConfigError, match=f"cannot generate from sharded parameters \\({name}\\)"):
+        envace_trl.make_rollout_func("units")(["units/train/000"], SimpleNamespace(args=args))
+    with pytest.raises(TrainingConfigError, match=name):
+        envace_trl._refuse_sharded(args, "EnvACEGRPOTrainer")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    monkeypatch.setattr(args, "deepspeed_plugin", SimpleNamespace(zero_stage=2))
+    envace_trl._refuse_sharded(args, "EnvACEGRPOTrainer")  # ZeRO-2 keeps whole parameters on every rank
 
 
 def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_path, tmp_path, monkeypatch):
