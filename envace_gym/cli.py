@@ -14,9 +14,8 @@ class _HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default in (None, argparse.SUPPRESS) or action.default is False:
-            return text
-        if not action.option_strings:
+        unset = action.default in (None, argparse.SUPPRESS) or action.default is False
+        if unset or not action.option_strings or "default" in text:
             return text
         default = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
         return f"{text} (default: {default})"

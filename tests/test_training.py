@@ -159,16 +159,22 @@ def test_trl_role_wise_trainer_trains_both_roles(tiny_path, monkeypatch):
     assert "completions/mean_length" in trainer.state.log_history[0]  # TRL's metrics, and its table, kept
 
 
-def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path, monkeypatch):
+def envace_trainer(model_path, output_dir, reward_funcs=None, **settings):
+    """An EnvACEGRPOTrainer on the tiny model: batches of 4 episodes (groups of 2), 8 tokens per generation."""
     from transformers import AutoTokenizer
 
     args = envace_trl.EnvACEGRPOConfig(
-        output_dir=os.path.join(os.path.dirname(tiny_path), "out-masked"), domain="units",
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=8, max_steps=1, beta=0.1, **CPU,
+        **{"output_dir": str(output_dir), "domain": "units", "per_device_train_batch_size": 4, "num_generations": 2,
+           "max_completion_length": 8, "max_steps": 1, **CPU, **settings}
     )  # fmt: skip
-    trainer = envace_trl.EnvACEGRPOTrainer(
-        model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path)
+    extra = {} if reward_funcs is None else {"reward_funcs": reward_funcs}
+    return envace_trl.EnvACEGRPOTrainer(
+        model=model_path, args=args, processing_class=AutoTokenizer.from_pretrained(model_path), **extra
     )
+
+
+def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path, tmp_path, monkeypatch):
+    trainer = envace_trainer(tiny_path, tmp_path, beta=0.1)
     policy = envace_trl._policy_of(trainer)
     ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
     batch = crafted_batch(policy, ids)
@@ -184,18 +190,10 @@ def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path
         )
 
 
-def test_trl_and_pure_torch_trainers_agree_on_a_batch_with_a_masked_episode(tiny_path, monkeypatch):
+def test_trl_and_pure_torch_trainers_agree_on_a_batch_with_a_masked_episode(tiny_path, tmp_path, monkeypatch):
     """The same on-policy batch (one episode masked, the policy moved away from its reference so the KL term
     counts) gives EnvACEGRPOTrainer's TRL loss and envace_gym.trainer's loss the same value and gradients."""
-    from transformers import AutoTokenizer
-
-    args = envace_trl.EnvACEGRPOConfig(
-        output_dir=os.path.join(os.path.dirname(tiny_path), "out-agree"), domain="units",
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=8, max_steps=1, beta=0.1, **CPU,
-    )  # fmt: skip
-    trainer = envace_trl.EnvACEGRPOTrainer(
-        model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path)
-    )
+    trainer = envace_trainer(tiny_path, tmp_path, beta=0.1)
     torch.manual_seed(0)
     with torch.no_grad():  # the policy has moved since the reference copy was taken
         for p in trainer.model.parameters():
@@ -304,8 +302,6 @@ def test_grpo_settings_the_rollouts_would_ignore_are_refused_by_name(tiny_path, 
 
 
 def test_user_reward_funcs_add_to_the_domain_reward_with_their_weights(tiny_path, tmp_path, monkeypatch):
-    from transformers import AutoTokenizer
-
     seen = []
 
     def brevity(prompts, completions, task_id, episode_reward, **fields):
@@ -313,13 +309,7 @@ def test_user_reward_funcs_add_to_the_domain_reward_with_their_weights(tiny_path
         fields["log_metric"]("brevity/episodes", len(prompts))
         return [None if k == 3 else 0.5 for k in range(len(prompts))]  # episode 3: this judge failed
 
-    args = envace_trl.EnvACEGRPOConfig(
-        output_dir=str(tmp_path), domain="units", per_device_train_batch_size=4, num_generations=2,
-        max_completion_length=8, max_steps=1, reward_weights=[1.0, 2.0], **CPU,
-    )  # fmt: skip
-    trainer = envace_trl.EnvACEGRPOTrainer(
-        model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path), reward_funcs=[brevity]
-    )
+    trainer = envace_trainer(tiny_path, tmp_path, reward_funcs=[brevity], reward_weights=[1.0, 2.0])
     ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
     batch = crafted_batch(envace_trl._policy_of(trainer), ids)  # domain rewards 0, 1, 0, 1
     monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
@@ -468,15 +458,7 @@ def test_sharded_parameters_are_refused_before_any_rollout(sharding, tmp_path, m
 
 
 def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_path, tmp_path, monkeypatch):
-    from transformers import AutoTokenizer
-
-    args = envace_trl.EnvACEGRPOConfig(
-        output_dir=str(tmp_path), domain="units", per_device_train_batch_size=4, num_generations=2,
-        max_completion_length=8, max_steps=1, **CPU,
-    )  # fmt: skip
-    trainer = envace_trl.EnvACEGRPOTrainer(
-        model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path)
-    )
+    trainer = envace_trainer(tiny_path, tmp_path)
     ids = ["units/train/000"] * 4  # the dataset held the task twice: two groups of G = 2, not one of 4
     batch = crafted_batch(envace_trl._policy_of(trainer), ids)
     for episode, reward in zip(batch.episodes, [0.0, 0.0, 1.0, 1.0], strict=True):
