@@ -47,9 +47,12 @@ def _parse_settings(cls: type, prog: str, argv: Sequence[str]) -> Any:
         "--config", metavar="YAML", default=argparse.SUPPRESS,
         help="a YAML file of these settings; flags given as well win",
     )  # fmt: skip
+    argv = [part for a in argv for part in (a.split("=", 1) if a.startswith("--config=") else [a])]
+    if argv.count("--config") > 1 or (argv and argv[-1] == "--config"):  # TRL's reader takes one, with a path
+        parser.error("--config takes one YAML file: --config PATH")
     try:
         config, from_yaml, from_flags = parser.parse_args_and_config(
-            list(argv), return_remaining_strings=True, separate_remaining_strings=True
+            argv, return_remaining_strings=True, separate_remaining_strings=True
         )
     except yaml.YAMLError as exc:
         parser.error(f"the --config file is not valid YAML: {' '.join(str(exc).split())}")

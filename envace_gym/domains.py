@@ -496,9 +496,7 @@ class FolderDomain(Domain):
         file = self.path / "executor.py"
         if not file.is_file():
             return None
-        spec = importlib.util.spec_from_file_location(f"envace_user_domain_{self.name}", file)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        module = _import_file(file, f"envace_user_domain_{self.name}")
         cls = getattr(module, "Executor", None)
         if not (isinstance(cls, type) and issubclass(cls, ToolExecutor)):
             raise DomainError(f"{file} must define a ToolExecutor subclass named Executor")
@@ -519,13 +517,16 @@ class FolderDomain(Domain):
 # Registry of domain names
 # ----------------------------------------------------------------------------------------------------
 _FACTORIES: dict[str, Callable[..., Domain] | str] = {}
+_FROM_ENTRY_POINTS: set[str] = set()  # names that came from entry points: register_domain may replace them
 
 
 def register_domain(name: str, factory: Callable[..., Domain] | str, *, overwrite: bool = False) -> None:
-    """Make ``domain=name`` work everywhere: ``factory`` is a Domain class, a callable, or ``"module:attr"``."""
-    if name in _FACTORIES and not overwrite:
+    """Make ``domain=name`` work everywhere: ``factory`` is a Domain class, a callable, or ``"module:attr"``.
+    A name only declared by an installed package's entry point is replaced without ``overwrite``."""
+    if name in _FACTORIES and not overwrite and name not in _FROM_ENTRY_POINTS:
         raise DomainError(f"a domain named {name!r} is already registered (pass overwrite=True to replace it)")
     _FACTORIES[name] = factory
+    _FROM_ENTRY_POINTS.discard(name)
 
 
 ENTRY_POINT_GROUP = "envace_gym.domains"
@@ -537,12 +538,28 @@ def _installed_domains() -> None:
     from importlib.metadata import entry_points
 
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        _FACTORIES.setdefault(entry.name, entry.value)
+        if entry.name not in _FACTORIES:
+            _FACTORIES[entry.name] = entry.value
+            _FROM_ENTRY_POINTS.add(entry.name)
 
 
 def list_domains() -> list[str]:
     _installed_domains()
     return sorted(_FACTORIES)
+
+
+def _import_file(file: Path, name: str) -> Any:
+    """Import the user's own ``file`` as module ``name`` (registered in ``sys.modules``, as an import would, so
+    dataclasses and pickling inside it work)."""
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
 
 
 def _domain_from_code(ref: str, **kwargs: Any) -> Domain:
@@ -553,10 +570,10 @@ def _domain_from_code(ref: str, **kwargs: Any) -> Domain:
         file = Path(where)
         if not file.is_file():
             raise DomainError(f"domain {ref!r}: no file {where}")
-        spec = importlib.util.spec_from_file_location(f"envace_user_domain_{file.stem}", file)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        module = _import_file(file, f"envace_user_domain_{file.stem}")
     else:
+        if not where:
+            raise DomainError(f"domain {ref!r}: no module before the ':'")
         if importlib.util.find_spec(where.split(".")[0]) is None and str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))  # `envace` is a console script: its sys.path lacks the cwd
         try:
@@ -602,6 +619,8 @@ def make_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
             raise DomainError(
                 f"domain {domain!r} is registered as {module}:{attr}, which cannot be loaded: {exc}"
             ) from exc
+    if isinstance(factory, Domain):  # an entry point (or registration) naming an instance
+        return factory
     built = factory(argument, **kwargs) if argument is not None else factory(**kwargs)
     if not isinstance(built, Domain):
         raise DomainError(f"the factory of domain {domain!r} returned {type(built).__name__}, not a Domain")

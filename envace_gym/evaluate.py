@@ -49,6 +49,8 @@ def _pass_progress(progress: Progress, k: int, passes: int, n: int, label: str) 
     """Pass ``k`` of ``passes`` (``n`` episodes each): its own named bar, or the callback over all passes."""
     if callable(progress):
         return offset(progress, k * n, passes * n)
+    if isinstance(progress, str):  # the caller's label, then which pass
+        return f"{progress}: {label}"
     return label if progress else False
 
 

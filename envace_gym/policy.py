@@ -359,8 +359,10 @@ def check_model_source(spec: str | None) -> None:
         return
     path = Path(spec).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise PolicyError(f"model folder {spec!r} has no config.json (save a model with save_pretrained)")
+        if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
+            raise PolicyError(
+                f"model folder {spec!r} has no config.json or adapter_config.json (save a model with save_pretrained)"
+            )
         return
     if path.exists():
         raise PolicyError(f"model {spec!r} is a file; pass the folder a model was saved to (save_pretrained)")

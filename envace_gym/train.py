@@ -365,8 +365,9 @@ def curves_figure(history: list[dict[str, Any]], title: str = "") -> Any:
         ax.set_title(key)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # values as they are, no "+1e-3" offset
-        if key in ("reward", "success"):  # both live in [0, 1]; a fixed range keeps runs comparable
-            ax.set_ylim(-0.05, 1.05)
+        if key in ("reward", "success"):  # [0, 1] (wider if weighted rewards leave it): runs stay comparable
+            values = [p[1] for p in points if p[1] == p[1]] or [0.0]
+            ax.set_ylim(min(-0.05, min(values) - 0.05), max(1.05, max(values) + 0.05))
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     return fig

@@ -65,6 +65,8 @@ MISTAKES = [
     (["train", "--model", "/no/such/path"], "model path '/no/such/path' does not exist"),
     (["train", "--domain", "no-such-domain"], "unknown domain"),
     (["train", "--config", "/no/such/file.yaml"], "No such file"),
+    (["train", "--config=/no/such/file.yaml"], "No such file"),
+    (["train", "--config"], "--config takes one YAML file"),
     (["eval", "--model", "/no/such/path"], "does not exist"),
     (["eval", "--domain", "no-such-domain"], "unknown domain"),
     (["eval", "--domian", "bank"], "unrecognized arguments: --domian"),

@@ -224,6 +224,14 @@ LIBRARY_FILE = str(Path(__file__).resolve().parents[1] / "examples" / "custom_do
 def test_a_domain_from_the_users_code_by_module_or_file(tmp_path, monkeypatch):
     by_file = make_domain(f"{LIBRARY_FILE}:LibraryDomain", num_tasks={"train": 3})
     assert by_file.name == "library" and len(by_file.tasks("train")) == 3
+    with_dataclass = tmp_path / "with_dataclass.py"  # a file module is a real module (dataclasses need that)
+    with_dataclass.write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\n"
+        f"exec(open({LIBRARY_FILE!r}).read().split('def main()')[0])\n"
+        "@dataclass\nclass Settings:\n    size: int = 2\n\n"
+        "def small() -> LibraryDomain:\n    return LibraryDomain(num_tasks={'train': Settings().size})\n"
+    )
+    assert len(make_domain(f"{with_dataclass}:small").tasks("train")) == 2
     (tmp_path / "my_domains.py").write_text(
         f"import importlib.util\nspec = importlib.util.spec_from_file_location('lib', {LIBRARY_FILE!r})\n"
         "lib = importlib.util.module_from_spec(spec); spec.loader.exec_module(lib)\n"
@@ -239,6 +247,7 @@ def test_a_domain_from_the_users_code_by_module_or_file(tmp_path, monkeypatch):
         ("my_domains:NOPE", "has no attribute 'NOPE'"),
         ("my_domains:spec", "not a Domain"),
         ("bfcl:no_such_category", "unknown BFCL category"),  # a registered family still reads as one
+        (":LibraryDomain", "no module before"),
     ]:
         with pytest.raises(DomainError, match=says):
             make_domain(ref)
@@ -249,9 +258,17 @@ def test_domains_declared_by_installed_packages(tmp_path, monkeypatch):
     dist = tmp_path / "library_domains-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: library-domains\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[envace_gym.domains]\nlibrary-ep = library_example:LibraryDomain\n")
-    (tmp_path / "library_example.py").write_text(Path(LIBRARY_FILE).read_text())
+    (dist / "entry_points.txt").write_text(
+        "[envace_gym.domains]\nlibrary-ep = library_example:LibraryDomain\nlibrary-one = library_example:ONE\n"
+    )
+    (tmp_path / "library_example.py").write_text(
+        Path(LIBRARY_FILE).read_text() + "\nONE = LibraryDomain(num_tasks={'train': 1})\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(envace_gym.domains, "_FACTORIES", dict(envace_gym.domains._FACTORIES))  # leaves no trace
-    assert "library-ep" in list_domains()
+    monkeypatch.setattr(envace_gym.domains, "_FROM_ENTRY_POINTS", set())
+    assert {"library-ep", "library-one"} <= set(list_domains())
     assert make_domain("library-ep", num_tasks={"train": 2}).name == "library"
+    assert len(make_domain("library-one").tasks("train")) == 1  # an entry point may name an instance
+    register_domain("library-ep", make_domain("library-one"))  # the package's own module registering the name
+    assert len(make_domain("library-ep").tasks("train")) == 1

@@ -128,3 +128,12 @@ def test_scripted_policy_cuts_at_the_token_budget(tokenizer):
     (gen,) = policy.generate([[1]], SamplingParams(max_new_tokens=3))
     assert gen.finish_reason == "length" and len(gen.completion_ids) == 3
     assert gen.text == tokenizer.decode(list(gen.completion_ids))
+
+
+def test_a_lora_adapter_folder_is_a_model_folder(tmp_path):
+    from envace_gym.policy import check_model_source
+
+    (tmp_path / "adapter_config.json").write_text("{}")
+    check_model_source(str(tmp_path))  # a --lora checkpoint: transformers loads it through peft
+    with pytest.raises(PolicyError, match="no config.json or adapter_config.json"):
+        check_model_source(str(tmp_path / ".."))

@@ -292,3 +292,12 @@ def test_fsdp_under_accelerate_is_refused_in_one_line(tiny_path, tmp_path):
     assert done.returncode != 0
     assert "envace: error: EnvACEGRPOTrainer cannot generate from sharded parameters (FSDP)" in done.stderr
     assert "no available devices" not in done.stderr  # refused before accelerate tried to shard anything
+
+
+def test_reward_panel_widens_for_rewards_outside_zero_one():
+    pytest.importorskip("matplotlib")
+    from envace_gym.train import curves_figure
+
+    fig = curves_figure([{"step": 1, "reward": 1.8}, {"step": 2, "reward": -0.4}])
+    low, high = fig.axes[0].get_ylim()
+    assert low <= -0.4 and high >= 1.8  # weighted rewards are not clipped off the plot

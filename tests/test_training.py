@@ -341,6 +341,14 @@ def test_reward_funcs_and_weights_the_envace_trainer_cannot_apply_are_refused(ti
     with pytest.raises(ValueError, match="must be plain functions"):
         envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args, reward_funcs=["some/reward-model"])
 
+    def mine(**fields):
+        return [0.0]
+
+    # a list that places the domain's reward itself keeps its order, so the weights stay with their functions
+    funcs = envace_trl._with_domain_reward([mine, envace_trl.envace_reward], [0.5, 1.0])
+    assert funcs == [mine, envace_trl.envace_reward]
+    assert envace_trl._with_domain_reward([mine], None) == [envace_trl.envace_reward, mine]
+
 
 def test_real_tools_environment_runs_the_domain_tools(tiny_path, tmp_path):
     from transformers.utils import get_json_schema
@@ -474,3 +482,15 @@ def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_
     assert metrics["completions/mean_terminated_length"] == [12.0]
     assert list(trainer._logs["prompt"]) == ids and list(trainer._logs["advantages"]) == [0.0] * 4
     assert list(trainer._logs["rewards"]["reward"]) == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_eval_groups_follow_num_generations_eval(tiny_path, tmp_path, monkeypatch):
+    trainer = envace_trainer(tiny_path, tmp_path, num_generations_eval=4, per_device_eval_batch_size=4)
+    ids = ["units/train/000"] * 4  # in eval mode TRL repeats each prompt num_generations_eval times: one group
+    batch = crafted_batch(envace_trl._policy_of(trainer), ids)
+    for episode, reward in zip(batch.episodes, [0.0, 0.0, 1.0, 1.0], strict=True):
+        episode.reward = reward
+    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    assert not trainer.model.training
+    out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
+    assert sorted(set(out["advantages"].tolist())) == [-0.5, 0.5]  # one group of 4, not two of 2

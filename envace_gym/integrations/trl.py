@@ -366,10 +366,11 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
             Each is called once per batch as ``f(prompts=..., completions=..., **fields)`` with one entry per
             episode: ``prompts`` (task ids), ``completions`` (the messages after the opening), ``messages``,
             ``task_id``, ``episode_reward`` (the domain's), ``success``, ``reward_checks``, plus
-            ``trainer_state`` and ``log_metric(name, value)``; it returns a float or ``None`` per episode. An
-            episode's reward is ``Σ w·r`` with ``args.reward_weights`` (the domain's weight first; default all
-            1, as in TRL), and ``None`` from any function masks the episode. Each function's mean is logged as
-            ``rewards/<name>/mean``.
+            ``trainer_state``, ``log_metric(name, value)`` and ``log_extra(column, values)``; it returns a float
+            or ``None`` per episode. An episode's reward is ``Σ w·r`` with ``args.reward_weights`` (one per
+            function in order: the domain's first, unless the list places :func:`envace_reward` itself; default
+            all 1, as in TRL), and ``None`` from any function masks the episode. Each function's mean is logged
+            as ``rewards/<name>/mean``.
     """
 
     def __init__(
@@ -393,10 +394,11 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
         in, over the whole generation batch, so a task that appears twice in a batch makes two groups of G,
         not one of 2G."""
         everyone = gather_object([[e.task_id for e in batch.episodes]])
+        size = self.num_generations if self.model.training else self.num_generations_eval
         seen: dict[str, int] = {}
         keys = []
         for task_id in (t for part in everyone for t in part):
-            keys.append((task_id, seen.get(task_id, 0) // self.num_generations))
+            keys.append((task_id, seen.get(task_id, 0) // size))
             seen[task_id] = seen.get(task_id, 0) + 1
         start = sum(len(part) for part in everyone[: self.accelerator.process_index])
         return keys[start : start + len(batch.episodes)]
@@ -406,6 +408,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
         ``reward_weights``); ``None`` (or NaN) from any function masks the episode."""
         episodes = batch.episodes
         pending: dict[str, list[float]] = {}
+        extra: dict[str, list[Any]] = {}
         fields = {
             "prompts": [e.task_id for e in episodes],
             "completions": [_after_opening(e.messages) for e in episodes],
@@ -416,6 +419,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
             "reward_checks": [e.checks for e in episodes],
             "trainer_state": self.state,
             "log_metric": lambda name, value: pending.setdefault(name, []).append(float(value)),
+            "log_extra": lambda column, values: extra.setdefault(column, []).extend(values),
         }
         per_func: list[list[float | None]] = []
         for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
@@ -427,6 +431,8 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
             self._metrics[mode][f"rewards/{name}/mean"].append(_mean(gather_object(given)))
         for name in sorted(set(gather_object(list(pending)))):  # what reward functions logged, over processes
             self._metrics[mode][name].append(_mean(gather_object(pending.get(name, []))))
+        for column in sorted(set(gather_object(list(extra)))):  # columns for TRL's completions table
+            self._logs["extra"][column].extend(gather_object(extra.get(column, [None] * len(episodes))))
         weights = self.reward_weights.tolist()
         return [
             None if any(v is None for v in values) else sum(w * v for w, v in zip(weights, values, strict=True))
@@ -565,21 +571,23 @@ def _mean(values: Sequence[float]) -> float:
 
 def _with_domain_reward(given: Any, weights: Sequence[float] | None) -> list[Any]:
     """The reward functions of an :class:`EnvACEGRPOTrainer`: the domain's (:func:`envace_reward`) first, then
-    the user's, which must be callables (a reward model has no episode to score)."""
+    the user's, which must be callables (a reward model has no episode to score). A list that holds
+    ``envace_reward`` itself keeps its order, so its ``reward_weights`` stay with their functions."""
     user = [] if given is None else list(given if isinstance(given, (list, tuple)) else [given])
-    user = [f for f in user if f is not envace_reward]
     for f in user:
+        if f is envace_reward:
+            continue
         if isinstance(f, (str, torch.nn.Module)) or not callable(f) or inspect.iscoroutinefunction(f):
             raise TrainingConfigError(
                 "EnvACEGRPOTrainer's reward_funcs must be plain functions f(prompts, completions, **fields) -> "
                 f"list[float | None], called once per batch of episodes; got {f!r} (reward models and async "
                 "functions are not supported here)"
             )
-    funcs = [envace_reward, *user]
+    funcs = user if envace_reward in user else [envace_reward, *user]
     if weights is not None and len(weights) != len(funcs):
         raise TrainingConfigError(
-            f"reward_weights needs {len(funcs)} weights, the domain's reward first and then one per reward "
-            f"function passed ({len(user)}); got {len(weights)}"
+            f"reward_weights needs {len(funcs)} weights, one per reward function in order, the domain's reward "
+            f"(envace_reward) first unless you placed it; got {len(weights)}"
         )
     return funcs
 
