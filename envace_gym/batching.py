@@ -83,7 +83,9 @@ def run_lockstep(
     return outcomes
 
 
-def _advance(i: int, step: StepCoroutine, sent: Any, waiting: dict, outcomes: list, on_done: Any) -> None:
+def _advance(
+    i: int, step: StepCoroutine, sent: Any, waiting: dict, outcomes: list, on_done: Callable[[int], None] | None
+) -> None:
     try:
         waiting[i] = step.send(sent) if sent is not None else next(step)
     except StopIteration as stop:

@@ -138,7 +138,7 @@ def _eval(args: argparse.Namespace) -> int:
     from .policy import check_model_source, make_policy
 
     check_model_source(args.model)
-    make_domain(args.domain)  # an unknown domain fails before the model loads
+    domain = make_domain(args.domain)  # an unknown domain fails before the model loads
     policy = make_policy(args.model)
     runs = []
     settings = [(None, 0)] if not args.rehearse else [(m, b) for m in args.rehearse for b in args.budget]
@@ -150,7 +150,7 @@ def _eval(args: argparse.Namespace) -> int:
         if mode is not None and budget == 0 and any(r[0] == "plain acting" for r in runs):
             continue  # N=0 is plain acting, whatever the mode
         result = evaluate(
-            policy, args.domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
+            policy, domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, fidelity=not args.no_fidelity and not runs, planner=planner,
             seed=args.seed, progress=True,
         )  # fmt: skip

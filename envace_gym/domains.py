@@ -562,9 +562,9 @@ def _import_file(file: Path, name: str) -> Any:
     return module
 
 
-def _domain_from_code(ref: str, **kwargs: Any) -> Domain:
-    """``"module:attr"`` or ``"path/to/file.py:attr"``: a Domain, a Domain class or a factory in the user's own
-    code (imported as any module is; model text is never executed)."""
+def _load_reference(ref: str) -> Any:
+    """What ``"module:attr"`` or ``"path/to/file.py:attr"`` names, in the user's own code (imported as any
+    module is; model text is never executed)."""
     where, _, attr = ref.rpartition(":")
     if where.endswith(".py"):
         file = Path(where)
@@ -578,18 +578,14 @@ def _domain_from_code(ref: str, **kwargs: Any) -> Domain:
             sys.path.insert(0, str(Path.cwd()))  # `envace` is a console script: its sys.path lacks the cwd
         try:
             module = importlib.import_module(where)
-        except ModuleNotFoundError as exc:
+        except ImportError as exc:
             raise DomainError(
-                f"unknown domain {ref!r}: not a registered family ({list_domains()}) and no module {where!r} "
-                f"to import ({exc})"
+                f"domain {ref!r}: not a registered name or family ({list_domains()}), and no module {where!r} "
+                f"can be imported ({exc})"
             ) from exc
-    target = getattr(module, attr, None)
-    if target is None:
+    if not hasattr(module, attr):
         raise DomainError(f"domain {ref!r}: {where} has no attribute {attr!r}")
-    built = target if isinstance(target, Domain) else target(**kwargs) if callable(target) else None
-    if not isinstance(built, Domain):
-        raise DomainError(f"domain {ref!r} is {type(target).__name__}, not a Domain, a Domain class or a factory")
-    return built
+    return getattr(module, attr)
 
 
 def make_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
@@ -608,19 +604,15 @@ def make_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
         family, _, argument = domain.partition(":")
         factory = _FACTORIES.get(family)
         if factory is None:  # "my_package.domains:LibraryDomain" or "my_domain.py:LibraryDomain"
-            return _domain_from_code(domain, **kwargs)
+            factory, argument = _load_reference(domain), None
     if factory is None:
         raise DomainError(f"unknown domain {domain!r}; registered: {list_domains()} (or pass a folder path)")
-    if isinstance(factory, str):
-        module, _, attr = factory.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise DomainError(
-                f"domain {domain!r} is registered as {module}:{attr}, which cannot be loaded: {exc}"
-            ) from exc
-    if isinstance(factory, Domain):  # an entry point (or registration) naming an instance
+    if isinstance(factory, str):  # registered, or declared by an entry point, as "module:attr"
+        factory = _load_reference(factory)
+    if isinstance(factory, Domain):  # a reference (or registration) naming an instance
         return factory
+    if not callable(factory):
+        raise DomainError(f"domain {domain!r} is {type(factory).__name__}, not a Domain, a Domain class or a factory")
     built = factory(argument, **kwargs) if argument is not None else factory(**kwargs)
     if not isinstance(built, Domain):
         raise DomainError(f"the factory of domain {domain!r} returned {type(built).__name__}, not a Domain")

@@ -19,7 +19,7 @@ from .errors import ErrorCode
 from .parsing import canonical_json
 from .planning import PlannerConfig, RehearsalPlanner
 from .policy import Policy, SamplingParams
-from .progress import Progress, offset
+from .progress import Progress
 from .rollout import collect_rollouts
 from .simulator import RehearsalConfig
 from .tools import ToolCall
@@ -48,7 +48,7 @@ class EvalResult:
 def _pass_progress(progress: Progress, k: int, passes: int, n: int, label: str) -> Progress:
     """Pass ``k`` of ``passes`` (``n`` episodes each): its own named bar, or the callback over all passes."""
     if callable(progress):
-        return offset(progress, k * n, passes * n)
+        return lambda done, _: progress(k * n + done, passes * n)
     if isinstance(progress, str):  # the caller's label, then which pass
         return f"{progress}: {label}"
     return label if progress else False

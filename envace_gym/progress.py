@@ -40,11 +40,3 @@ class ProgressReporter:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def offset(progress: Progress, before: int, total: int) -> Progress:
-    """A callback ``progress`` seen as one call of ``total`` units when it reports a part starting after
-    ``before`` units (e.g. the second pass of an evaluation); bars and ``False`` pass through."""
-    if not callable(progress):
-        return progress
-    return lambda done, _part: progress(before + done, total)

@@ -217,7 +217,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     check_model_source(config.model)  # a mistyped model or domain fails here, before anything loads
-    make_domain(config.domain)
+    domain = make_domain(config.domain)
     if config.gradient_checkpointing:  # the setting that asks for less memory (envace_gym.memory says why)
         return_freed_memory()
     started = time.perf_counter()
@@ -238,7 +238,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if config.mode == "sft":
         from .sft import run_sft, sft_dataset
 
-        dataset = sft_dataset(config.domain, tokenizer, "train", config.sft_tasks)
+        dataset = sft_dataset(domain, tokenizer, "train", config.sft_tasks)
         trainer = run_sft(
             _load_model(path, config.train_layers, instance=True), tokenizer, dataset, str(out), epochs=config.sft_epochs,
             learning_rate=config.learning_rate, batch_size=config.sft_batch_size, lora=config.lora, lora_r=config.lora_r,
@@ -262,7 +262,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         # TRL's tool loop spends `max_completion_length` on the whole multi-turn completion (tool results
         # included); the collector spends `max_new_tokens` on each generation. Give the baseline a whole
         # episode's worth so both get the same budget per Act turn.
-        turns = config.max_turns or make_domain(config.domain).max_turns
+        turns = config.max_turns or domain.max_turns
         grpo = dict(
             per_device_train_batch_size=_episodes_per_process(config),
             num_generations=config.group_size,
@@ -294,11 +294,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
             args = PackedGRPOConfig(**grpo)
             trainer = RealToolsGRPOTrainer(
                 model=_load_model(path, config.train_layers),
-                reward_funcs=[real_tools_reward(config.domain)],
+                reward_funcs=[real_tools_reward(domain)],
                 args=args,
-                train_dataset=task_dataset(config.domain, conversational=True),
+                train_dataset=task_dataset(domain, conversational=True),
                 processing_class=tokenizer,
-                environment_factory=real_tools_environment(config.domain),
+                environment_factory=real_tools_environment(domain),
                 peft_config=_peft(config),
             )
         trainer.train(resume_from_checkpoint=_resume_point(out) if config.resume else None)

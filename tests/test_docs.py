@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -70,10 +69,9 @@ def default_is_tiny(tiny, monkeypatch):
 
 
 def run_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
-    if block.mark == "needs-benchmarks" and not (
-        importlib.util.find_spec("bfcl_eval") and importlib.util.find_spec("tau2")
-    ):
-        pytest.skip("needs make benchmarks")
+    if block.mark == "needs-benchmarks":
+        pytest.importorskip("bfcl_eval", reason="BFCL data not installed: make benchmarks")
+        pytest.importorskip("tau2", reason="τ²-Bench not installed: make benchmarks")
     monkeypatch.chdir(tmp_path)  # whatever a block writes stays out of the repository
     namespace: dict = {"__name__": "__doc_block__"}
     exec(compile(block.code, str(block), "exec"), namespace)  # our own documentation, not model text

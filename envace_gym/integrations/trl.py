@@ -185,12 +185,13 @@ def make_rollout_func(
         _refuse_sharded(trainer.args, "make_rollout_func's rollouts")
         _refuse_unused(trainer.args, _UNUSED_BY_ROLLOUTS, "make_rollout_func's rollouts")
         act, rehearsal = _sampling(trainer.args)
+        policy = _policy_of(trainer)
         batch = collect_rollouts(
-            _policy_of(trainer), dom, _task_ids(prompts), 1, executor=executor, rehearsal_mode=rehearsal_mode,
+            policy, dom, _task_ids(prompts), 1, executor=executor, rehearsal_mode=rehearsal_mode,
             act_sampling=act, rehearsal=rehearsal, on_invalid=on_invalid, max_turns=max_turns,
             seed=int(torch.randint(2**31, (1,)).item()),
         )  # fmt: skip
-        rows = [_ended_row(e, _policy_of(trainer).stop_ids) for e in batch.episodes]
+        rows = [_ended_row(e, policy.stop_ids) for e in batch.episodes]
         return {
             "prompt_ids": [list(r.prompt_ids) for r in rows],
             "completion_ids": [list(r.completion_ids) for r in rows],
@@ -555,12 +556,12 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
         everyone = gather_object([(g, r) for g, r in zip(groups, rewards, strict=True) if r is not None])
         by_group: dict[Any, list[float]] = {}
         for g, r in everyone:
-            by_group.setdefault(tuple(g), []).append(r)
+            by_group.setdefault(g, []).append(r)
         self._logs["prompt"].extend(gather_object([e.task_id for e in batch.episodes]))
         self._logs["completion"].extend(gather_object([_after_opening(e.messages) for e in batch.episodes]))
         self._logs["rewards"]["reward"].extend(gather_object([float("nan") if r is None else r for r in rewards]))
         advantages = [
-            float("nan") if r is None else r - _mean(by_group[tuple(g)]) for g, r in zip(groups, rewards, strict=True)
+            float("nan") if r is None else r - _mean(by_group[g]) for g, r in zip(groups, rewards, strict=True)
         ]
         self._logs["advantages"].extend(gather_object(advantages))
 
