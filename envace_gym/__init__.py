@@ -35,6 +35,7 @@ from .errors import (
     UnknownToolError,
 )
 from .executors import ToolExecutor, ToolFailure, tool
+from .formats import ToolCallFormat, tool_call_format
 from .parsing import Limits, parse_act, parse_execution_result
 from .policy import Generation, Policy, SamplingParams, TransformersPolicy, make_policy
 from .registration import REHEARSAL_ENV_ID, register_envs
@@ -74,6 +75,7 @@ __all__ = [
     "Task",
     "TaskNotFoundError",
     "ToolCall",
+    "ToolCallFormat",
     "ToolError",
     "ToolExecutor",
     "ToolFailure",
@@ -92,4 +94,5 @@ __all__ = [
     "register_domain",
     "register_envs",
     "tool",
+    "tool_call_format",
 ]
