@@ -259,7 +259,10 @@ def _naive(
             if work.kwargs["act"] == "policy":
                 action = env.act()
             else:
-                action = task.reference[turn].text if turn < len(task.reference) else "I have nothing more to do."
+                turns = task.reference
+                action = (
+                    env.episode.reference_action(turns[turn]) if turn < len(turns) else "I have nothing more to do."
+                )
             _, _, terminated, truncated, info = env.step(action)
             tokens += sum(len(r["completion_ids"]) for r in info["rehearsals"])
             tokens += len(info["act"]["completion_ids"]) if info["act"]["generated"] else 0

@@ -7,6 +7,10 @@ suffix is found as TRL's tool loop finds it: render a small dummy conversation w
 messages and keep the difference, which requires a prefix-preserving template (checked with TRL's own
 ``is_chat_template_prefix_preserving``). For ``inline`` rehearsal, the same diff with sentinel contents
 splits the tool turn into the scaffolding around each tool response.
+
+Families differ in how a turn ends (ChatML's ``<|im_end|>``, Llama's ``<|eot_id|>``, GLM's next role token,
+gpt-oss's ``<|call|>``/``<|return|>`` that the history writes as ``<|end|>``): the end of an assistant turn is
+the first stop token (or family end token) after it in the rendering, and a suffix starts just after it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import PolicyError
+from .formats import detect_format
 from .policy import stop_token_ids
 
 _DUMMY = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
@@ -42,18 +47,42 @@ class ChatFormat:
         self.stop_ids = stop_token_ids(tokenizer)
         self.eos_id = self.stop_ids[0]
         self.eos_text = tokenizer.convert_ids_to_tokens(self.eos_id)
-        self._prefix = self.render(_DUMMY, add_generation_prompt=False)
-        cut = self._prefix.rfind(self.eos_text)
-        if cut < 0:
-            raise PolicyError(f"the chat template does not end an assistant turn with {self.eos_text!r}")
-        self._cut = cut + len(self.eos_text)
-        self._tool_pieces: dict[int, list[str]] = {}
+        self.tool_format = detect_format(_template_text(tokenizer))  # the format the template itself writes
         self.special_ids = frozenset(tokenizer.all_special_ids) | frozenset(
             i for i, t in tokenizer.added_tokens_decoder.items() if t.special
         )
-        self._special_strings = sorted(
+        self.special_strings = sorted(
             {tokenizer.convert_ids_to_tokens(i) for i in self.special_ids} - {None, ""}, key=len, reverse=True
         )
+        # What ends an assistant turn: the stop tokens, and the family's other end-of-message tokens (gpt-oss
+        # writes <|end|> in the history where the model stopped on <|return|>).
+        ends = [tokenizer.convert_ids_to_tokens(i) for i in self.stop_ids]
+        ends += [t for t in self.tool_format.turn_ends if t in self.special_strings]
+        self.end_texts = tuple(dict.fromkeys(t for t in ends if t))
+        self._head = self.render(_DUMMY[:2], add_generation_prompt=True)  # up to an assistant turn's opening
+        self._tool_pieces: dict[tuple[str, ...], tuple[str, list[str]]] = {}
+        call = {"type": "function", "function": {"name": "t", "arguments": {}}}
+        self.suffix([{"role": "tool", "name": "t", "content": "r"}], [call])  # fails here, clearly, on a template
+        # that cannot grow by a tool turn; a user turn is checked by an episode that has one (user_turns_ok)
+
+    @functools.cached_property
+    def error_role(self) -> str:
+        """The role that carries the error of a malformed Act turn back to the model: ``tool``, or ``user`` where
+        the template renders no tool message without a call to answer (gpt-oss names its author from the call)."""
+        try:
+            self.suffix([{"role": "tool", "name": "", "content": "e"}])
+        except Exception:  # the template's own refusal (a jinja TemplateError)
+            return "user"
+        return "tool"
+
+    @functools.cached_property
+    def user_turns_ok(self) -> str | None:
+        """``None`` when a user turn can follow a final answer by appending ids; else why not."""
+        try:
+            self.suffix([{"role": "user", "content": "u"}])
+        except PolicyError as exc:
+            return str(exc)
+        return None
 
     @classmethod
     def of(cls, tokenizer: Any) -> ChatFormat:
@@ -78,13 +107,31 @@ class ChatFormat:
         close or re-role a turn."""
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] if text else []
 
-    def neutralize(self, text: str) -> str:
+    def neutralize(self, text: str, keep: Sequence[str] = ()) -> str:
         """``text`` with every special-token string broken by a zero-width space, for untrusted text that must
-        go through a template rendering (whose output is tokenized with special tokens recognised)."""
-        for special in self._special_strings:
-            if special in text:
+        go through a template rendering (whose output is tokenized with special tokens recognised). The
+        strings in ``keep`` (a tool-call format's own tokens, in an Act turn) are left whole."""
+        for special in self.special_strings:
+            if special in text and special not in keep:
                 text = text.replace(special, special[:1] + "\u200b" + special[1:])
         return text
+
+    def act_view(self, ids: Sequence[int], keep: Sequence[str]) -> str:
+        """A generated Act turn as text for its parser: special tokens dropped, except those in ``keep`` (the
+        tokens a tool-call format writes calls with, such as Mistral's ``[TOOL_CALLS]``)."""
+        kept = {i for i in self.special_ids if self.tokenizer.convert_ids_to_tokens(i) in keep}
+        return self.decode([i for i in ids if i not in self.special_ids or i in kept])
+
+    def strip_end(self, text: str) -> str:
+        """``text`` without a trailing end-of-turn token (a reference Act text carries one)."""
+        for end in self.end_texts:
+            if text.endswith(end):
+                return text[: -len(end)]
+        return text
+
+    def first_end(self, text: str) -> tuple[int, str]:
+        """(index, token) of the first end-of-turn token in ``text``."""
+        return self._turn_end(text, 0)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -103,13 +150,63 @@ class ChatFormat:
         parts.append(self.neutralize(self.decode(run)) if run else "")
         return "".join(parts)
 
-    def suffix(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """Text from just after an assistant turn's end token, through ``messages``, to the next
-        assistant turn's opening (the generation prompt)."""
-        full = self.render([*_DUMMY, *messages], add_generation_prompt=True)
-        if not full.startswith(self._prefix):
+    def _assistant(self, calls: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        if calls:
+            return {"role": "assistant", "content": "", "tool_calls": list(calls)}
+        return dict(_DUMMY[2])
+
+    def _turn_end(self, full: str, start: int) -> tuple[int, str]:
+        """Where the first assistant turn after ``start`` ends in ``full``: (index of its end token, the token)."""
+        found = [(at, t) for t in self.end_texts if (at := full.find(t, start)) != -1]
+        if not found:
+            raise PolicyError(
+                f"the chat template does not end an assistant turn with any of the stop tokens {list(self.end_texts)}"
+            )
+        return min(found)
+
+    def suffix(self, messages: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]] = ()) -> tuple[str, str]:
+        """``(end, rest)`` after an assistant turn's content: ``end`` is the token that closes that turn as the
+        template writes it (appended only when the model's own turn lacks a stop token), ``rest`` runs from just
+        after it through ``messages`` to the next assistant turn's opening (the generation prompt). ``calls``
+        are the turn's tool calls in OpenAI form (some templates name the tool's author from them)."""
+        base = [*_DUMMY[:2], self._assistant(calls)]
+        before = self.render(base, add_generation_prompt=False)
+        full = self.render([*base, *messages], add_generation_prompt=True)
+        if not full.startswith(self._user_head):
             raise PolicyError("the chat template rendered an earlier turn differently once later ones were added")
-        return full[self._cut :]
+        cut, end = self._turn_end(full, len(self._user_head))
+        # Up to the assistant turn's end both renderings must agree; the end itself may differ (a gpt-oss
+        # conversation's last turn ends with <|return|>, an earlier one with <|end|>; GLM writes none).
+        if full[:cut] != before[:cut]:
+            raise PolicyError("the chat template rendered an earlier turn differently once later ones were added")
+        return end, full[cut + len(end) :]
+
+    def act_text(self, content: str, calls: Sequence[Mapping[str, Any]] = ()) -> str:
+        """The text of an assistant turn that writes ``content`` and ``calls`` (OpenAI form) as this template
+        writes it, through its end token: what a model of this family generates for that turn. A turn whose
+        template end is not a stop token (a gpt-oss final answer shows ``<|end|>``) ends with the EOS token."""
+        return "".join(self._act_parts(content, calls))
+
+    def _act_parts(self, content: str, calls: Sequence[Mapping[str, Any]] = ()) -> tuple[str, str]:
+        turn = {"role": "assistant", "content": content, **({"tool_calls": list(calls)} if calls else {})}
+        follow = [{"role": "tool", "name": c["function"]["name"], "content": "r"} for c in calls] or [_DUMMY[1]]
+        full = self.render([*_DUMMY[:2], turn, *follow], add_generation_prompt=False)
+        cut, end = self._turn_end(full, len(self._user_head))
+        # The turn starts after the generation prompt; a template that pre-fills part of it in the prompt (Qwen3.5's
+        # empty <think></think>) but not in the history starts it after the history's own opening instead.
+        start = len(self._head) if full.startswith(self._head) else len(self._user_head) + len(self._history_opening)
+        stops = {self.tokenizer.convert_ids_to_tokens(i) for i in self.stop_ids}
+        return full[start:cut], (end if end in stops else self.eos_text)
+
+    @functools.cached_property
+    def _history_opening(self) -> str:
+        """The text between a user turn and an assistant turn's content, as the history shows it."""
+        mark = _SENTINEL.format("opening")
+        full = self.render([*_DUMMY[:2], {"role": "assistant", "content": mark}], add_generation_prompt=False)
+        head, found, _ = full.partition(mark)
+        if not found or not head.startswith(self._user_head):
+            raise PolicyError("the chat template does not show an assistant turn's content verbatim")
+        return head[len(self._user_head) :]
 
     @functools.cached_property
     def _user_head(self) -> str:
@@ -118,7 +215,7 @@ class ChatFormat:
     @functools.cached_property
     def generation_prompt(self) -> str:
         """The text that opens an assistant turn (what ``add_generation_prompt=True`` adds)."""
-        return self.render(_DUMMY[:2], add_generation_prompt=True)[len(self._user_head) :]
+        return self._head[len(self._user_head) :]
 
     @functools.cached_property
     def generation_prompt_ids(self) -> list[int]:
@@ -132,29 +229,60 @@ class ChatFormat:
             raise PolicyError("the chat template rendered an earlier turn differently once later ones were added")
         return full[len(head) :]
 
-    def tool_pieces(self, n: int) -> list[str]:
-        """The ``n + 1`` scaffolding pieces around ``n`` consecutive tool responses (after an assistant
-        turn's end token; the last piece opens the next assistant turn)."""
-        if n not in self._tool_pieces:
-            marks = [_SENTINEL.format(i) for i in range(n)]
-            text = self.suffix([{"role": "tool", "name": "tool", "content": m} for m in marks])
+    def tool_pieces(self, names: Sequence[str]) -> tuple[str, list[str]]:
+        """``(end, pieces)``: the token that closes the Act turn (as :meth:`suffix`) and the ``len(names) + 1``
+        scaffolding pieces around that many consecutive tool responses (the last piece opens the next assistant
+        turn). Refused for a template that does not show a tool response verbatim (Llama 3 quotes it as a JSON
+        string), since the model could not write one in place."""
+        key = tuple(names)
+        if key not in self._tool_pieces:
+            marks = [_SENTINEL.format(i) for i in range(len(key))]
+            calls = [{"type": "function", "function": {"name": n, "arguments": {}}} for n in key]
+            end, text = self.suffix(
+                [{"role": "tool", "name": n, "content": m} for n, m in zip(key, marks, strict=True)], calls
+            )
             pieces = []
             for mark in marks:
                 head, found, text = text.partition(mark)
-                if not found:
-                    raise PolicyError("the chat template does not show tool message contents verbatim")
+                if not found or (head.endswith('"') and text.startswith('"')):
+                    raise PolicyError(
+                        "the chat template does not show tool responses verbatim (it quotes or rewrites them), so "
+                        "the policy cannot write one inside the chat: use rehearsal_mode='separate'"
+                    )
                 pieces.append(head)
-            self._tool_pieces[n] = [*pieces, text]
-        return list(self._tool_pieces[n])
+            self._tool_pieces[key] = (end, [*pieces, text])
+        end, pieces = self._tool_pieces[key]
+        return end, list(pieces)
 
     def closing(self, piece_after: str) -> str:
         """What the model writes to end a tool response in ``inline`` mode: the text of the scaffolding
-        that follows the content, up to its first line break or special token (e.g. ``</tool_response>``);
-        empty when the content ends with the end-of-turn token itself."""
+        that follows the content, up to its first line break or special token (e.g. ``</tool_response>``), or
+        that special token itself when the scaffolding starts with one that is not a stop token (DeepSeek's
+        ``<｜tool▁output▁end｜>``); empty when the content ends with the end-of-turn token itself."""
         head = piece_after.lstrip()
-        if head.startswith(self.eos_text):
+        if head.startswith(self.end_texts):
             return ""
-        for special in self.tokenizer.all_special_tokens:
+        for special in self.special_strings:
+            if head.startswith(special):
+                return special
+        for special in self.special_strings:
             if special and special in head:
                 head = head.split(special, 1)[0]
         return head.split("\n", 1)[0].strip()
+
+    def act_end(self, calls: bool) -> str:
+        """The token that ends an Act turn with (``calls``) or without tool calls: the template's own end when
+        it is a stop token (GLM ends a calling turn with ``<|observation|>``), else the EOS token."""
+        return self._act_ends[bool(calls)]
+
+    @functools.cached_property
+    def _act_ends(self) -> tuple[str, str]:
+        call = {"type": "function", "function": {"name": "t", "arguments": {}}}
+        return self._act_parts("a")[1], self._act_parts("", [call])[1]
+
+
+def _template_text(tokenizer: Any) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, Mapping):
+        template = template.get("tool_use") or template.get("default")
+    return template if isinstance(template, str) else ""

@@ -92,6 +92,9 @@ class RehearsalEnv(gym.Env[str, str]):
       in the context guard).
     * ``rehearsal``: :class:`RehearsalConfig` of the Rehearse role.
     * ``limits``: :class:`Limits` on Act turns and JSON.
+    * ``tool_call_format``: how Act turns write tool calls (``"hermes"``, ``"llama3_json"``, ``"mistral"``,
+      ``"glm45"``, ``"qwen3_xml"``, ``"gptoss"``, ``"deepseekv3"``, ``"response_parser"``); ``None`` (default)
+      finds it from the policy's tokenizer (docs/environment.md, "Model families").
     * ``domain_kwargs``: passed to the domain factory (e.g. ``{"num_tasks": {"train": 50}}``).
     * ``reuse_kv``: keep the conversation's KV cache between turns (:mod:`envace_gym.sessions`), so a
       turn encodes only its new tokens.
@@ -115,6 +118,7 @@ class RehearsalEnv(gym.Env[str, str]):
         act_sampling: SamplingParams | None = None,
         rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
         limits: Limits | None = None,
+        tool_call_format: str | None = None,
         domain_kwargs: Mapping[str, Any] | None = None,
         reuse_kv: bool = True,
         render_mode: str | None = None,
@@ -133,6 +137,7 @@ class RehearsalEnv(gym.Env[str, str]):
             max_user_turns=max_user_turns,
             rehearsal=rehearsal or RehearsalConfig(),
             limits=limits or DEFAULT_LIMITS,
+            tool_call_format=tool_call_format,
         )
         self.split = split
         self.act_sampling = act_sampling or SamplingParams(max_new_tokens=512)

@@ -35,9 +35,10 @@ import numpy as np
 
 from .chat import ChatFormat
 from .domains import CallRecord, Domain, RewardResult, Task, Trajectory
-from .errors import DomainError, EnvACEError, ErrorCode, ToolError
+from .errors import DomainError, EnvACEError, ErrorCode, PolicyError, ToolError
 from .executors import ReferenceCache
-from .parsing import DEFAULT_LIMITS, RESULT_OPEN, Limits, parse_act, parse_execution_result, parse_result_json
+from .formats import FORMATS, tool_call_format
+from .parsing import DEFAULT_LIMITS, RESULT_OPEN, Limits, parse_execution_result, parse_result_json
 from .policy import Generation, SamplingParams
 from .simulator import EXECUTORS, RehearsalConfig, choose_route, rehearsal_messages, rehearsal_prompt
 from .text import clean_text
@@ -63,6 +64,9 @@ class EpisodeConfig:
         max_user_turns: Most user turns before truncation.
         rehearsal: How the Rehearse role is prompted and sampled.
         limits: Bounds on Act turns and JSON.
+        tool_call_format: How Act turns write tool calls: a name in :data:`envace_gym.formats.FORMATS`,
+            ``"response_parser"`` (the tokenizer's ``parse_response``), or ``None``: found from the tokenizer
+            (see :func:`envace_gym.formats.tool_call_format`).
     """
 
     executor: str = "rehearsal"
@@ -73,8 +77,14 @@ class EpisodeConfig:
     max_user_turns: int = 30
     rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
     limits: Limits = DEFAULT_LIMITS
+    tool_call_format: str | None = None
 
     def __post_init__(self) -> None:
+        if self.tool_call_format is not None and self.tool_call_format not in (*FORMATS, "response_parser"):
+            raise ValueError(
+                f"tool_call_format must be one of {sorted(FORMATS)}, 'response_parser' or None, "
+                f"got {self.tool_call_format!r}"
+            )
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
         if self.rehearsal_mode not in REHEARSAL_MODES:
@@ -163,6 +173,7 @@ class Episode:
         self.domain, self.task, self.config, self.tokenizer, self.rng = domain, task, config, tokenizer, rng
         self.max_context, self.act_max_new_tokens, self.key = max_context, act_max_new_tokens, key
         self.chat = ChatFormat.of(tokenizer)
+        self.tool_format = tool_call_format(tokenizer, config.tool_call_format, self.chat.generation_prompt)
         self.registry = domain.tools_for(task)  # most domains share one registry; BFCL tasks bring their own
         self.whitelist = domain.whitelist(task)
         self.tools_openai = self.registry.to_openai(self.whitelist, compact=True)  # the Act prompt's tools
@@ -189,6 +200,13 @@ class Episode:
         self._turn_open = False  # the last Act turn was cut before its end token
         self.rows: list[Row] = []  # separate mode: one row per generation
         self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
+        if self.pending_user_turns and self.chat.user_turns_ok is not None:
+            raise PolicyError(
+                f"task {task.id!r} has {len(self.pending_user_turns)} later user turn(s), but this chat template "
+                f"rewrites earlier turns once a new user turn follows (Qwen3.5 drops their <think> blocks), so the "
+                f"conversation cannot grow by appending ids ({self.chat.user_turns_ok}); play single-turn tasks, "
+                "or use a template that keeps past turns as they were"
+            )
         self.user_turns = 1
         self.turn = 0
         self.records: list[CallRecord] = []
@@ -272,13 +290,17 @@ class Episode:
         self, action: str, act: Generation | None
     ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
         info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
-        ids, logprobs = self._act_ids(action, act)
+        if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
+            action = self.chat.act_view(act.completion_ids, self.tool_format.act_tokens)
+        if isinstance(action, str):
+            action = self.chat.strip_end(action)  # a text action may carry its end token (a reference action does)
+        parsed = self.tool_format.parse(action, self.config.limits, self._parameters)
+        ids, logprobs = self._act_ids(action, act, bool(parsed.calls))
         if len(self.prompt_ids) + len(ids) > self.max_context:  # the turn itself does not fit: nothing of it is kept
             info["truncation"], info["act"] = "context", None
             return self._finish(info, terminated=False)
         self.turn += 1
         self._record_act(ids, logprobs, act, info)
-        parsed = parse_act(action, self.config.limits)
         calls = [replace(c, id=f"call_{self.turn}_{i}") for i, c in enumerate(parsed.calls)]
         text = action[: self.config.limits.max_action_chars] if isinstance(action, str) else ""
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -289,7 +311,9 @@ class Episode:
 
         if parsed.error is not None:  # a malformed turn: nothing of it is executed
             self.records.append(CallRecord(self.turn, None, None, error=parsed.error, user_turn=self.user_turns))
-            self._add_messages([{"role": "tool", "name": "", "content": _dump(parsed.error.to_payload())}])
+            self._add_messages(
+                [{"role": self.chat.error_role, "name": "", "content": _dump(parsed.error.to_payload())}]
+            )
             return self._after_errors([parsed.error], info)
 
         if parsed.is_final_answer:
@@ -311,7 +335,9 @@ class Episode:
                 CallRecord(self.turn, c, None, error=errors.get(c.id), user_turn=self.user_turns) for c in calls
             ]
             info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
-            self._add_messages([self._tool_message(c, errors[c.id].to_payload()) for c in calls if c.id in errors])
+            self._add_messages(
+                [self._tool_message(c, errors[c.id].to_payload()) for c in calls if c.id in errors], calls
+            )
             return self._after_errors(list(errors.values()), info)
 
         responses: dict[str, Any] = {}
@@ -323,9 +349,9 @@ class Episode:
         if self.config.rehearsal_mode == "separate":
             pending = [c for c in calls if routes.get(c.id) == "rehearsal"]
             if pending:
-                yield from self._rehearse_separate(pending, action, responses, errors, info)
+                yield from self._rehearse_separate(pending, text, responses, errors, info)
             payloads = [errors[c.id].to_payload() if c.id in errors else responses[c.id] for c in calls]
-            self._add_messages([self._tool_message(c, p) for c, p in zip(calls, payloads, strict=True)])
+            self._add_messages([self._tool_message(c, p) for c, p in zip(calls, payloads, strict=True)], calls)
         else:
             yield from self._tool_turn_inline(calls, routes, responses, errors, info)
 
@@ -427,8 +453,8 @@ class Episode:
         """Write the tool turn into the chat: the template's scaffolding around each response, real or
         cached answers as environment text, rehearsed ones generated by the policy in place."""
         cfg = self.config.rehearsal
-        pieces = self.chat.tool_pieces(len(calls))
-        self._close_turn()
+        end, pieces = self.chat.tool_pieces([self.chat.neutralize(c.name) for c in calls])
+        self._close_turn(end)
         self._append_text(pieces[0])
         for i, call in enumerate(calls):
             after = pieces[i + 1]
@@ -475,7 +501,9 @@ class Episode:
     def _read_inline(self, gen: Generation, closing: str, after: str) -> tuple[str, str, ToolError | None]:
         """Split an inline rehearsal into its content and the scaffolding still to append."""
         ended_with_eos = bool(gen.completion_ids) and gen.completion_ids[-1] in self.chat.stop_ids
-        body = gen.completion_ids[:-1] if ended_with_eos else gen.completion_ids
+        closed_by_token = closing in self.chat.special_strings and bool(gen.completion_ids)
+        closed_by_token = closed_by_token and self.chat.decode(gen.completion_ids[-1:]) == closing
+        body = gen.completion_ids[:-1] if ended_with_eos or closed_by_token else gen.completion_ids
         if any(t in self.chat.special_ids for t in body):
             error = ToolError(
                 ErrorCode.INVALID_REHEARSAL,
@@ -491,9 +519,12 @@ class Episode:
             if after.startswith(overshoot, cut):
                 cut += len(overshoot)
             return gen.text[:end], after[cut:], None
+        if closed_by_token:  # a special-token closing (DeepSeek's): the scaffolding goes on after it
+            cut = after.find(closing) + len(closing)
+            return self.chat.decode(body), after[cut:], None
         if not closing and ended_with_eos:
-            cut = after.find(self.chat.eos_text) + len(self.chat.eos_text)
-            return gen.text, after[cut:], None
+            at, end = self.chat.first_end(after)
+            return gen.text, after[at + len(end) :], None
         missing = closing or self.chat.eos_text
         error = ToolError(
             ErrorCode.INVALID_REHEARSAL,
@@ -522,15 +553,18 @@ class Episode:
         )
 
     # -- growing the conversation ---------------------------------------------------------------------
-    def _act_ids(self, action: str, act: Generation | None) -> tuple[list[int], list[float]]:
-        """The Act turn's ids and log-probs: the generation's own, or the text tokenized (log-probs 0)."""
+    def _act_ids(self, action: str, act: Generation | None, calls: bool) -> tuple[list[int], list[float]]:
+        """The Act turn's ids and log-probs: the generation's own, or the text tokenized (log-probs 0) with the
+        end token the template closes such a turn with (the text may already end with it). Special-token strings
+        in the text stay plain text, except the ones the tool-call format writes calls with."""
         if act is not None:
             return list(act.completion_ids), list(act.logprobs)
         text = action if isinstance(action, str) else ""
         # An over-long action is rejected by the parser; only its head is kept in the chat, so the cost of
         # recording it stays bounded whatever its length.
-        ids = self.chat.encode(self.chat.neutralize(text[: self.config.limits.max_action_chars]))
-        ids.append(self.chat.eos_id)
+        text = self.chat.strip_end(text[: self.config.limits.max_action_chars])
+        ids = self.chat.encode(self.chat.neutralize(text, keep=self.tool_format.act_tokens))
+        ids += self.chat.encode(self.chat.act_end(calls))
         return ids, [0.0] * len(ids)
 
     def _record_act(self, ids: list[int], logprobs: list[float], act: Generation | None, info: dict[str, Any]) -> None:
@@ -556,25 +590,40 @@ class Episode:
     def _append_text(self, text: str) -> None:
         self._append_ids(self.encode(text), text, None, trained=False)
 
-    def _close_turn(self) -> None:
-        """An Act turn cut by the token budget still needs its end token before anything follows."""
+    def _close_turn(self, end: str) -> None:
+        """An Act turn cut by the token budget still needs its end token (``end``) before anything follows."""
         if self._turn_open:
-            self._append_ids([self.chat.eos_id], self.chat.eos_text, None, trained=False)
+            self._append_ids(self.chat.encode(end), end, None, trained=False)
             self._turn_open = False
 
-    def _add_messages(self, messages: list[dict[str, Any]]) -> None:
-        """Append tool or user messages to the conversation, as messages and as ids."""
+    def _add_messages(self, messages: list[dict[str, Any]], calls: list[ToolCall] = ()) -> None:  # type: ignore[assignment]
+        """Append tool or user messages after the Act turn that made ``calls``, as messages and as ids."""
         self.messages += messages
-        self._close_turn()
-        self._append_text(self.chat.suffix(self._for_chat(messages)))
+        # The template sees the calls' names (gpt-oss names a tool message's author by them), never their arguments.
+        named = [
+            {"type": "function", "function": {"name": self.chat.neutralize(c.name), "arguments": {}}} for c in calls
+        ]
+        end, rest = self.chat.suffix(self._for_chat(messages), named)
+        self._close_turn(end)
+        self._append_text(rest)
+
+    def _parameters(self, name: str) -> Any:
+        """The parameters schema of tool ``name`` (the XML formats type their arguments by it)."""
+        return self.registry[name].parameters if name in self.registry else None
+
+    def reference_action(self, turn: Any) -> str:
+        """The Act text of a reference turn (:class:`~envace_gym.domains.ReferenceTurn`) in this model's own
+        format, as its chat template writes such a turn, through the end token."""
+        return self.chat.act_text(turn.content, [c.to_openai() for c in turn.calls])
 
     def _for_chat(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Messages as the template renders them into the ids: :func:`render_for_model`, with special-token
         strings in their text broken (:meth:`ChatFormat.neutralize`) so no content can open or close a turn."""
-        return [
-            {**m, "content": self.chat.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
-            for m in render_for_model(messages)
-        ]
+        out = []
+        for m in render_for_model(messages):
+            m = {**m, "content": self.chat.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
+            out.append({**m, "name": self.chat.neutralize(m["name"])} if isinstance(m.get("name"), str) else m)
+        return out
 
     def _tool_message(self, call: ToolCall, payload: Any) -> dict[str, Any]:
         content = clean_text(payload) if isinstance(payload, str) else _dump(payload)

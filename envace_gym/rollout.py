@@ -102,6 +102,7 @@ def collect_rollouts(
     p_real: float = 0.5,
     max_turns: int | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    tool_call_format: str | None = None,
     seed: int = 0,
     reuse_kv: bool = True,
     actor: Callable[..., list[Generation]] | None = None,
@@ -114,7 +115,8 @@ def collect_rollouts(
         domain: A domain name, folder or object.
         tasks: Tasks or task ids; each gives one group of ``group_size`` episodes.
         group_size: Episodes per task (the G of GRPO).
-        executor, rehearsal_mode, on_invalid, p_real, max_turns, limits: as for :class:`~envace_gym.RehearsalEnv`.
+        executor, rehearsal_mode, on_invalid, p_real, max_turns, limits, tool_call_format: as for
+            :class:`~envace_gym.RehearsalEnv`.
         act: ``"policy"`` (the policy writes the Act turns) or ``"reference"`` (each task's reference
             solution does, so only the Rehearse role is exercised: fidelity checks, demos, SFT data).
         act_sampling: Sampling of the Act turns (default: 512 new tokens, temperature 1).
@@ -140,6 +142,7 @@ def collect_rollouts(
         max_turns=max_turns,
         rehearsal=rehearsal or RehearsalConfig(),
         limits=limits,
+        tool_call_format=tool_call_format,
     )
     rng = np.random.default_rng(seed)
     resolved = [t if isinstance(t, Task) else domain.task(t) for t in tasks]
@@ -212,7 +215,7 @@ def collect_rollouts(
 def _reference_action(episode: Episode) -> str:
     turns = episode.task.reference
     index = episode.turn  # the Act turns played so far
-    return turns[index].text if index < len(turns) else "I have nothing more to do."
+    return episode.reference_action(turns[index]) if index < len(turns) else "I have nothing more to do."
 
 
 def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeResult:

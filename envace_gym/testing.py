@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -36,32 +37,114 @@ _CORPUS = [
 ]
 
 
-@functools.lru_cache(maxsize=4)
-def _tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+@dataclass(frozen=True)
+class _Family:
+    """A model family's chat layout, as a tiny tokenizer needs it: TRL's template for it and its tokens."""
 
+    template: str  # the file name of the TRL chat template (prefix-preserving; a `_training` one where needed)
+    special: tuple[str, ...]  # special tokens (the first are EOS and padding)
+    eos: str
+    pad: str
+    bos: str | None = None
+    added: tuple[str, ...] = ()  # plain added tokens (Qwen's <tool_call> is one token, but not a special one)
+
+
+_CHATML = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_QWEN_TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+_LLAMA = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+          "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>")  # fmt: skip
+_DEEPSEEK = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜▁pad▁｜>",
+             *(f"<｜tool▁{k}｜>" for k in ("calls▁begin", "calls▁end", "call▁begin", "call▁end", "sep",
+                                          "outputs▁begin", "outputs▁end", "output▁begin", "output▁end")))  # fmt: skip
+FAMILIES: dict[str, _Family] = {
+    "qwen2_5": _Family("qwen2_5", _CHATML, "<|im_end|>", "<|endoftext|>"),
+    "qwen3": _Family("qwen3_training", _CHATML, "<|im_end|>", "<|endoftext|>", added=_QWEN_TAGS),
+    "qwen3_5": _Family("qwen3_5_nothink", _CHATML, "<|im_end|>", "<|endoftext|>", added=_QWEN_TAGS),
+    "llama3_1": _Family("llama3_1", _LLAMA, "<|eot_id|>", "<|finetune_right_pad_id|>", "<|begin_of_text|>"),
+    "llama3_2": _Family("llama3_2", _LLAMA, "<|eot_id|>", "<|finetune_right_pad_id|>", "<|begin_of_text|>"),
+    "glm4moe": _Family(
+        "glm4moe",
+        (
+            "<|endoftext|>",
+            "[MASK]",
+            "[gMASK]",
+            "[sMASK]",
+            "<sop>",
+            "<eop>",
+            "<|system|>",
+            "<|user|>",
+            "<|assistant|>",
+            "<|observation|>",
+        ),
+        "<|endoftext|>",
+        "<|endoftext|>",
+        added=(*_QWEN_TAGS, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+    ),  # fmt: skip
+    "gptoss": _Family(
+        "gptoss",
+        (
+            "<|startoftext|>",
+            "<|endoftext|>",
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|return|>",
+            "<|call|>",
+        ),
+        "<|return|>",
+        "<|endoftext|>",
+        "<|startoftext|>",
+    ),  # fmt: skip
+    "deepseekv3": _Family(
+        "deepseekv3_training",
+        _DEEPSEEK,
+        "<｜end▁of▁sentence｜>",
+        "<｜▁pad▁｜>",
+        "<｜begin▁of▁sentence｜>",
+        ("<think>", "</think>"),
+    ),
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _tiny_tokenizer(vocab_size: int, family: str = "qwen2_5") -> PreTrainedTokenizerFast:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    spec = FAMILIES[family]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(spec.special),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    if spec.added:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.added])
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
+        tokenizer_object=tok, eos_token=spec.eos, pad_token=spec.pad, bos_token=spec.bos, unk_token=None
     )
-    fast.chat_template = tool_chat_template("qwen2_5")
+    fast.chat_template = tool_chat_template(spec.template)
     return fast
 
 
-def tiny_tokenizer(vocab_size: int = 600) -> PreTrainedTokenizerFast:
-    """A fresh copy of the tiny byte-level tokenizer (any text round-trips through it)."""
+def tiny_tokenizer(vocab_size: int = 600, family: str = "qwen2_5") -> PreTrainedTokenizerFast:
+    """A fresh copy of the tiny byte-level tokenizer (any text round-trips through it).
+
+    ``family`` gives it a model family's special tokens and the chat template TRL ships for that family
+    (:data:`FAMILIES`: ``qwen2_5`` (the default model's layout), ``qwen3``, ``qwen3_5``, ``llama3_1``,
+    ``llama3_2``, ``glm4moe``, ``gptoss``, ``deepseekv3``). Where the family's own template is not
+    prefix-preserving (Qwen3, DeepSeek-V3), TRL's training variant of it is used, as a user would.
+    """
     import copy
 
-    return copy.deepcopy(_tiny_tokenizer(vocab_size))
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
+    return copy.deepcopy(_tiny_tokenizer(vocab_size, family))
 
 
 def tiny_model(
@@ -88,7 +171,8 @@ def tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    stops = stop_token_ids(tokenizer)  # a family may end turns with several tokens (gpt-oss: <|return|>, <|call|>)
+    model.generation_config.eos_token_id = stops if len(stops) > 1 else tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
 

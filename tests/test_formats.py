@@ -1,0 +1,322 @@
+"""Model-family tool-call formats: each family's Act turns parsed, answered, trained and rendered in its own syntax.
+
+Every family runs on a tiny tokenizer with its special tokens and the chat template TRL ships for it
+(``envace_gym.testing.tiny_tokenizer(family=...)``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import gymnasium as gym
+import pytest
+import torch
+
+import envace_gym  # noqa: F401
+from envace_gym import RehearsalConfig
+from envace_gym.chat import ChatFormat
+from envace_gym.domains import make_domain
+from envace_gym.errors import ErrorCode, PolicyError
+from envace_gym.formats import FORMATS, detect_format, tool_call_format
+from envace_gym.parsing import Limits
+from envace_gym.sft import sft_rows
+from envace_gym.testing import FAMILIES, ScriptedPolicy, oracle_policy, tiny_model, tiny_tokenizer
+
+TASK = "bank/042"  # one user turn; its first reference call is find_accounts(owner="Hugo Martin")
+
+# The first call of TASK, hand-written in each family's own syntax (what a model of that family generates).
+HAND_WRITTEN = {
+    "qwen2_5": '<tool_call>\n{"name": "find_accounts", "arguments": {"owner": "Hugo Martin"}}\n</tool_call>',
+    "qwen3": '<think>\n\n</think>\n\n<tool_call>\n{"name": "find_accounts", "arguments": {"owner": "Hugo Martin"}}\n'
+    "</tool_call>",
+    "qwen3_5": "<tool_call>\n<function=find_accounts>\n<parameter=owner>\nHugo Martin\n</parameter>\n</function>\n"
+    "</tool_call>",
+    "llama3_1": '{"name": "find_accounts", "parameters": {"owner": "Hugo Martin"}}',
+    "llama3_2": '{"name": "find_accounts", "parameters": {"owner": "Hugo Martin"}}',
+    "glm4moe": "\n<think></think>\n<tool_call>find_accounts\n<arg_key>owner</arg_key>\n<arg_value>Hugo Martin</arg_value>\n"
+    "</tool_call>",
+    "gptoss": ' to=functions.find_accounts<|channel|>commentary json<|message|>{"owner": "Hugo Martin"}',
+    "deepseekv3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>find_accounts\n```json\n"
+    '{"owner": "Hugo Martin"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+}
+EXPECTED_FORMAT = {
+    "qwen2_5": "hermes", "qwen3": "hermes", "qwen3_5": "qwen3_xml", "llama3_1": "llama3_json",
+    "llama3_2": "llama3_json", "glm4moe": "glm45", "gptoss": "gptoss", "deepseekv3": "deepseekv3",
+}  # fmt: skip
+VERBATIM_TOOL_CONTENT = ("qwen2_5", "qwen3", "qwen3_5", "glm4moe", "deepseekv3")  # inline rehearsal works
+FIRST = {"name": "find_accounts", "arguments": {"owner": "Hugo Martin"}}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return request.param
+
+
+def make_env(family, policy, **kwargs):
+    return gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=policy, **kwargs).unwrapped
+
+
+# -- detection ---------------------------------------------------------------------------------------
+def test_every_family_is_detected_from_its_template(family):
+    tok = tiny_tokenizer(family=family)
+    assert ChatFormat.of(tok).tool_format.name == EXPECTED_FORMAT[family]
+    assert tool_call_format(tok).name == EXPECTED_FORMAT[family]
+
+
+def test_explicit_format_wins_and_unknown_is_refused():
+    tok = tiny_tokenizer()
+    assert tool_call_format(tok, "mistral").name == "mistral"
+    with pytest.raises(PolicyError, match="unknown tool_call_format 'nope'"):
+        tool_call_format(tok, "nope")
+    with pytest.raises(ValueError, match="tool_call_format must be one of"):
+        make_env("qwen2_5", ScriptedPolicy([], tok), tool_call_format="nope")
+    assert detect_format(None).name == "hermes" and detect_format("{{ messages }}").name == "hermes"
+
+
+# -- the parsers -------------------------------------------------------------------------------------
+PARSE_CASES = {
+    "hermes": HAND_WRITTEN["qwen2_5"],
+    "llama3_json": HAND_WRITTEN["llama3_1"],
+    "mistral": '[TOOL_CALLS][{"name": "find_accounts", "arguments": {"owner": "Hugo Martin"}}]',
+    "glm45": HAND_WRITTEN["glm4moe"],
+    "qwen3_xml": HAND_WRITTEN["qwen3_5"],
+    "gptoss": HAND_WRITTEN["gptoss"] + "<|call|>",
+    "deepseekv3": HAND_WRITTEN["deepseekv3"],
+}
+MALFORMED = {
+    "hermes": ['<tool_call>\n{"name": "find_accounts", "arguments": {"owner": }\n</tool_call>', "<tool_call>{}"],
+    "llama3_json": ['{"name": "find_accounts", "parameters": {"owner": "Hugo"', '<|python_tag|>call it'],
+    "mistral": ['[TOOL_CALLS][{"name": "x", "arguments": {', "[TOOL_CALLS]find_accounts{}", "[TOOL_CALLS]bad name[ARGS]{}"],
+    "glm45": ["<tool_call>find_accounts\n<arg_key>owner</arg_key>\n", "<tool_call>\n<arg_key>a</arg_key>\n<arg_value>1"
+              "</arg_value></tool_call>", "<tool_call>f\n<arg_key>a</arg_key><arg_value>1</arg_value>\n<arg_key>a"
+              "</arg_key><arg_value>2</arg_value></tool_call>"],
+    "qwen3_xml": ["<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</tool_call>",
+                  "<tool_call><function=f>junk</function></tool_call>", "</tool_call>"],
+    "gptoss": [" to=functions.f<|channel|>commentary json<|message|>{bad<|call|>",
+               " to=browser.open<|channel|>commentary json<|message|>{}<|call|>", "<|start|>assistant garbage"],
+    "deepseekv3": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{}<｜tool▁call▁end｜>"
+                   "<｜tool▁calls▁end｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_each_format_reads_its_call_and_its_final_answer(name):
+    fmt = FORMATS[name]
+    parsed = fmt.parse(PARSE_CASES[name], schemas=_bank_schemas)
+    assert parsed.error is None and [c.to_json() for c in parsed.calls] == [FIRST]
+    final = fmt.parse("Your balance is 12.50 USD.")
+    assert final.is_final_answer and final.content == "Your balance is 12.50 USD."
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_each_format_reports_malformed_calls_as_typed_errors(name):
+    for text in MALFORMED[name]:
+        parsed = FORMATS[name].parse(text)
+        assert parsed.error is not None, text
+        assert parsed.error.code is ErrorCode.INVALID_TOOL_CALL_FORMAT, (text, parsed.error)
+
+
+def test_second_generation_mistral_calls_and_content():
+    text = (
+        'Let me look.[TOOL_CALLS]find_accounts[ARGS]{"owner": "Ana"}[TOOL_CALLS]get_balance[CALL_ID]a1b2c3d4e[ARGS]{}'
+    )
+    parsed = FORMATS["mistral"].parse(text)
+    assert parsed.error is None and parsed.content == "Let me look."
+    assert [c.to_json() for c in parsed.calls] == [
+        {"name": "find_accounts", "arguments": {"owner": "Ana"}},
+        {"name": "get_balance", "arguments": {}},
+    ]
+
+
+def test_xml_formats_type_arguments_by_the_tool_schema():
+    schemas = {"f": {"type": "object", "properties": {"code": {"type": "string"}, "n": {"type": "integer"}}}}.get
+    xml = "<tool_call>\n<function=f>\n<parameter=code>\n007\n</parameter>\n<parameter=n>\n7\n</parameter>\n</function>\n</tool_call>"
+    glm = "<tool_call>f\n<arg_key>code</arg_key>\n<arg_value>007</arg_value>\n<arg_key>n</arg_key>\n<arg_value>7</arg_value>\n</tool_call>"
+    for name, text in (("qwen3_xml", xml), ("glm45", glm)):
+        (call,) = FORMATS[name].parse(text, schemas=schemas).calls
+        assert call.arguments == {"code": "007", "n": 7}, name
+        (untyped,) = FORMATS[name].parse(text).calls  # no schema: JSON where it parses
+        assert untyped.arguments == {"code": "007", "n": 7}, name  # 007 is not JSON
+
+
+def test_limits_and_strict_json_hold_in_every_format():
+    limits = Limits(max_calls_per_turn=1)
+    two = {
+        "hermes": PARSE_CASES["hermes"] * 2,
+        "llama3_json": "[" + ", ".join([json.dumps({"name": "f", "parameters": {}})] * 2) + "]",
+        "mistral": "[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{}",
+        "glm45": PARSE_CASES["glm45"] * 2,
+        "qwen3_xml": PARSE_CASES["qwen3_xml"] * 2,
+        "gptoss": PARSE_CASES["gptoss"] + "<|start|>assistant" + PARSE_CASES["gptoss"],
+        "deepseekv3": PARSE_CASES["deepseekv3"].replace(
+            "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        ),
+    }
+    for name, fmt in FORMATS.items():
+        assert fmt.parse(two[name], limits).error.code is ErrorCode.LIMIT_EXCEEDED, name
+        assert fmt.parse("x" * 40_000).error.code is ErrorCode.LIMIT_EXCEEDED, name
+    nan = FORMATS["mistral"].parse('[TOOL_CALLS]f[ARGS]{"x": NaN}')
+    assert nan.error.code is ErrorCode.INVALID_TOOL_CALL_FORMAT
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_fuzzed_act_turns_never_raise(name):
+    """Cut, spliced and mutated calls in every format: each result is data, never an exception."""
+    rng = random.Random(name)
+    seeds = [PARSE_CASES[name], *MALFORMED[name]]
+    alphabet = list('{}[]<>|"\\:,=/ \n') + ["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|message|>",
+                                              "<|call|>", "<arg_key>", "<parameter=", "</think>", "<｜tool▁sep｜>"]  # fmt: skip
+    for _ in range(400):
+        text = rng.choice(seeds)
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(text) + 1)
+            op = rng.random()
+            if op < 0.4:
+                text = text[:i]
+            elif op < 0.8:
+                text = text[:i] + rng.choice(alphabet) + text[i:]
+            else:
+                text = text[:i] + text[rng.randrange(len(text) + 1) :]
+        parsed = FORMATS[name].parse(text, schemas=_bank_schemas)
+        assert parsed.error is None or isinstance(parsed.error.code, ErrorCode)
+        assert all(isinstance(c.arguments, dict) for c in parsed.calls)
+
+
+def test_the_builtin_parsers_agree_with_trls_response_templates():
+    """Where TRL ships a response template for the family, its parse_response reads the same call."""
+    from trl import chat_template_utils as trl_chat
+
+    for family in ("qwen3", "qwen3_5", "llama3_1", "glm4moe", "gptoss"):
+        tok = tiny_tokenizer(family=family)
+        ours = FORMATS[EXPECTED_FORMAT[family]].parse(HAND_WRITTEN[family], schemas=_bank_schemas)
+        chat = ChatFormat.of(tok)
+        end = chat.act_end(True)
+        if family == "qwen3":  # TRL recognises Qwen3's own template, not the training one the tiny tokenizer has
+            tok.response_template = trl_chat.qwen3_template
+        else:
+            trl_chat.add_response_schema(tok)
+        theirs = tool_call_format(tok, prefix=chat.generation_prompt)  # the tokenizer now carries a parser
+        assert theirs.name == "response_parser"
+        parsed = theirs.parse(HAND_WRITTEN[family] + end)
+        assert parsed.error is None, (family, parsed.error)
+        assert [c.to_json() for c in parsed.calls] == [c.to_json() for c in ours.calls] == [FIRST], family
+
+
+def _bank_schemas(name):
+    registry = make_domain("bank").tools_for(make_domain("bank").task(TASK))
+    return registry[name].parameters if name in registry else None
+
+
+# -- episodes in each family's layout ----------------------------------------------------------------
+def test_a_hand_written_call_is_answered_by_the_real_executor(family):
+    tok = tiny_tokenizer(family=family)
+    env = make_env(family, (tiny_model(tok), tok), executor="real")
+    env.reset(options={"task": TASK})
+    _, _, terminated, truncated, info = env.step(HAND_WRITTEN[family])
+    assert info["error"] is None and info["tool_calls"] == [FIRST], info["error"]
+    (call,) = info["calls"]
+    assert call["route"] == "real" and call["result"]["owner"] == "Hugo Martin"
+    assert not terminated and not truncated
+    # the rest of the reference, written by the family's template itself, reaches the reward
+    for turn in env.episode.task.reference[1:]:
+        _, reward, terminated, truncated, info = env.step(env.episode.reference_action(turn))
+    assert terminated and reward == 1.0, info
+
+
+def test_a_hand_written_call_is_rehearsed(family):
+    tok = tiny_tokenizer(family=family)
+    domain = make_domain("bank")
+    env = make_env(family, oracle_policy(domain, domain.task(TASK), tok), rehearsal=RehearsalConfig(max_new_tokens=256))
+    env.reset(options={"task": TASK})
+    _, _, _, _, info = env.step(HAND_WRITTEN[family])
+    assert info["error"] is None, info["error"]
+    (call,) = info["calls"]
+    assert call["route"] == "rehearsal" and call["result"]["owner"] == "Hugo Martin"
+    assert info["rehearsals"][0]["accepted"]
+
+
+def test_generated_act_turns_keep_the_formats_special_tokens(family):
+    """A generation's ids, not its special-token-free text, are what the parser reads (gpt-oss, DeepSeek)."""
+    tok = tiny_tokenizer(family=family)
+    chat = ChatFormat.of(tok)
+    text = HAND_WRITTEN[family] + chat.act_end(True)
+    policy = ScriptedPolicy([text], tok)
+    env = make_env(family, policy, executor="real")
+    env.reset(options={"task": TASK})
+    action = env.act()
+    _, _, _, _, info = env.step(action)
+    assert info["act"]["generated"] and info["tool_calls"] == [FIRST], info["error"]
+
+
+@pytest.mark.parametrize("family", VERBATIM_TOOL_CONTENT)
+def test_inline_rows_line_up_with_a_fresh_forward(family):
+    from envace_gym.policy import TransformersPolicy
+    from envace_gym.rollout import collect_rollouts
+
+    tok = tiny_tokenizer(family=family)
+    policy = TransformersPolicy(tiny_model(tok, seed=1), tok)
+    batch = collect_rollouts(
+        policy, "bank", [TASK], act="reference", rehearsal_mode="inline", on_invalid="feedback", max_turns=2,
+        rehearsal=RehearsalConfig(max_new_tokens=6, temperature=1.0), seed=3,
+    )  # fmt: skip
+    (row,) = batch.episodes[0].rows
+    ids = list(row.prompt_ids) + list(row.completion_ids)
+    with torch.no_grad():
+        logits = policy.model(torch.tensor([ids])).logits[0, len(row.prompt_ids) - 1 : -1].float()
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(row.completion_ids)[:, None]).squeeze(1)
+    trained = torch.tensor(row.mask, dtype=torch.bool)
+    rehearsed = [i for i, (m, lp) in enumerate(zip(row.mask, row.logprobs, strict=True)) if m and lp != 0.0]
+    assert rehearsed, "the policy wrote no tool response"
+    assert (expected[rehearsed] - torch.tensor(row.logprobs)[rehearsed]).abs().max().item() < 1e-4
+    assert all(lp == 0.0 for lp, m in zip(row.logprobs, row.mask, strict=True) if not m)
+    assert trained.any()
+
+
+@pytest.mark.parametrize("family", ["llama3_1", "gptoss"])
+def test_inline_is_refused_where_the_template_quotes_tool_responses(family):
+    tok = tiny_tokenizer(family=family)
+    env = make_env(family, ScriptedPolicy(["x"] * 3, tok), rehearsal_mode="inline")
+    env.reset(options={"task": TASK})
+    _, _, _, truncated, info = env.step(HAND_WRITTEN[family])
+    assert truncated and info["error"]["code"] == "ENVIRONMENT_ERROR"
+    assert "does not show tool responses verbatim" in info["error"]["message"]
+
+
+def test_sft_rows_render_in_the_familys_format(family):
+    tok = tiny_tokenizer(family=family)
+    rows = sft_rows("bank", tok, [TASK], roles=("act",))
+    first = rows[0]
+    completion = [t for t, m in zip(first["input_ids"], first["completion_mask"], strict=True) if m]
+    text = tok.decode(completion)
+    chat = ChatFormat.of(tok)
+    assert text == chat.act_text("", [{"type": "function", "function": FIRST}])
+    assert (
+        FORMATS[EXPECTED_FORMAT[family]].parse(chat.strip_end(text), schemas=_bank_schemas).calls[0].to_json() == FIRST
+    )
+    assert completion[-1] in chat.stop_ids  # the row teaches the family's own end of turn
+    assert len(rows) == len(make_domain("bank").task(TASK).reference)
+
+
+def test_a_template_that_rewrites_past_turns_refuses_later_user_turns():
+    import dataclasses
+
+    import numpy as np
+
+    from envace_gym.episode import Episode, EpisodeConfig
+
+    tok = tiny_tokenizer(family="qwen3_5")
+    domain = make_domain("bank")
+    task = dataclasses.replace(domain.task(TASK), user_turns=("And my savings?",))
+    with pytest.raises(PolicyError, match="later user turn"):
+        Episode(domain, task, EpisodeConfig(), tok, np.random.default_rng(0))
+    Episode(domain, domain.task(TASK), EpisodeConfig(), tok, np.random.default_rng(0))  # one user turn: fine
+
+
+def test_a_malformed_gptoss_turn_gets_its_error_as_a_user_message():
+    tok = tiny_tokenizer(family="gptoss")
+    env = make_env("gptoss", ScriptedPolicy([], tok), on_invalid="feedback")
+    env.reset(options={"task": TASK})
+    obs, _, terminated, truncated, info = env.step(MALFORMED["gptoss"][0])
+    assert info["error"]["code"] == "INVALID_TOOL_CALL_FORMAT" and not (terminated or truncated)
+    assert obs.endswith("<|start|>assistant") and "<|start|>user<|message|>" in obs.rsplit("<|call|>", 1)[-1]
