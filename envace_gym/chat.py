@@ -16,6 +16,7 @@ the first stop token (or family end token) after it in the rendering, and a suff
 from __future__ import annotations
 
 import functools
+import logging
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from .errors import PolicyError
 from .formats import detect_format
 from .policy import stop_token_ids
 
+logger = logging.getLogger("envace_gym")
 _DUMMY = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 _SENTINEL = "\u2063ENVACE_TOOL_CONTENT_{}\u2063"
 _CACHE: weakref.WeakKeyDictionary[Any, ChatFormat] = weakref.WeakKeyDictionary()
@@ -64,6 +66,12 @@ class ChatFormat:
         call = {"type": "function", "function": {"name": "t", "arguments": {}}}
         self.suffix([{"role": "tool", "name": "t", "content": "r"}], [call])  # fails here, clearly, on a template
         # that cannot grow by a tool turn; a user turn is checked by an episode that has one (user_turns_ok)
+        if self.rewrites_chained_calls:
+            logger.warning(
+                "this chat template renders a tool turn differently once another tool call follows it (DeepSeek-V3 "
+                "does): after the first tool turn an episode's ids are what the model generated on, not a fresh "
+                "render of the structured conversation (docs/environment.md, 'Model families')"
+            )
 
     @functools.cached_property
     def error_role(self) -> str:
@@ -74,6 +82,16 @@ class ChatFormat:
         except Exception:  # the template's own refusal (a jinja TemplateError)
             return "user"
         return "tool"
+
+    @functools.cached_property
+    def rewrites_chained_calls(self) -> bool:
+        """True when the template renders a tool turn differently once another tool-calling turn follows it
+        (DeepSeek-V3 merges the second call into the first one's output block): a conversation grown by ids is
+        then what the model generated on, as in TRL's tool loop, but not a fresh render's tokens after that point."""
+        call = [{"type": "function", "function": {"name": "t", "arguments": {}}}]
+        base = [*_DUMMY[:2], self._assistant(call), {"role": "tool", "name": "t", "content": "r"}]
+        grown = self.render(base, add_generation_prompt=True)
+        return not self.render([*base, self._assistant(call)], add_generation_prompt=False).startswith(grown)
 
     @functools.cached_property
     def user_turns_ok(self) -> str | None:
@@ -194,12 +212,20 @@ class ChatFormat:
         cut, end = self._turn_end(full, len(self._user_head))
         # The turn starts after the generation prompt; a template that pre-fills part of it in the prompt (Qwen3.5's
         # empty <think></think>) but not in the history starts it after the history's own opening instead.
-        start = len(self._head) if full.startswith(self._head) else len(self._user_head) + len(self._history_opening)
+        start = len(self._head) if full.startswith(self._head) else len(self._user_head) + len(self.history_opening)
         stops = {self.tokenizer.convert_ids_to_tokens(i) for i in self.stop_ids}
         return full[start:cut], (end if end in stops else self.eos_text)
 
     @functools.cached_property
-    def _history_opening(self) -> str:
+    def prefill(self) -> str:
+        """What the generation prompt writes into an assistant turn that the history does not show (DeepSeek's
+        training template opens ``<think>``): the conversation's ids keep it, as TRL's tool loop does; empty for
+        most templates."""
+        opening, gp = self.history_opening, self.generation_prompt
+        return gp[len(opening) :] if gp.startswith(opening) else ""
+
+    @functools.cached_property
+    def history_opening(self) -> str:
         """The text between a user turn and an assistant turn's content, as the history shows it."""
         mark = _SENTINEL.format("opening")
         full = self.render([*_DUMMY[:2], {"role": "assistant", "content": mark}], add_generation_prompt=False)

@@ -320,3 +320,68 @@ def test_a_malformed_gptoss_turn_gets_its_error_as_a_user_message():
     obs, _, terminated, truncated, info = env.step(MALFORMED["gptoss"][0])
     assert info["error"]["code"] == "INVALID_TOOL_CALL_FORMAT" and not (terminated or truncated)
     assert obs.endswith("<|start|>assistant") and "<|start|>user<|message|>" in obs.rsplit("<|call|>", 1)[-1]
+
+
+def test_the_conversation_is_token_exact_with_a_fresh_render(family):
+    """Played to the end by text turns, the ids are what the tokenizer makes of the template's own rendering of
+    the structured conversation (calls as ``tool_calls``, answers as ``content``), as a deployment renders it."""
+    tok = tiny_tokenizer(family=family)
+    env = make_env(family, (tiny_model(tok), tok), executor="real")
+    env.reset(options={"task": TASK})
+    episode = env.episode
+    for turn in episode.task.reference:
+        obs, *_ = env.step(episode.reference_action(turn))
+    assert episode.done and episode.reward_result.score == 1.0
+    chat = episode.chat
+    assert chat.encode(obs) == episode.prompt_ids
+    answers = iter(episode.answers)
+    structured = []
+    for m in episode.messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            m = {"role": "assistant", "content": "", "tool_calls": m["tool_calls"]}
+        elif m["role"] == "assistant":
+            m = {"role": "assistant", "content": next(answers)}
+        structured.append(m)
+    rendered = chat.render(structured, episode.tools_openai, add_generation_prompt=False)
+    seen = chat.strip_end(obs)
+    if chat.prefill:  # DeepSeek's template opens <think> in the generation prompt, which its history leaves out
+        seen = seen.replace(chat.generation_prompt, chat.history_opening)
+    assert chat.rewrites_chained_calls == (family == "deepseekv3")
+    if chat.rewrites_chained_calls:  # exact through the first tool turn; the template merges the calls after it
+        first = seen.index("<｜tool▁outputs▁end｜>")
+        assert rendered[:first] == seen[:first]
+        return
+    # the last turn is the final answer: a template may close it differently from how the model ended it
+    # (gpt-oss writes <|return|> for the conversation's last message), so compare up to that end
+    assert rendered.startswith(seen), family
+    assert set(chat.encode(rendered[len(seen) :].strip())) <= set(chat.special_ids), family
+    assert bool(chat.prefill) == (family == "deepseekv3")
+
+
+@pytest.mark.parametrize("family", ["llama3_1", "glm4moe", "gptoss", "deepseekv3"])
+def test_the_pure_torch_trainer_steps_on_each_layout(family):
+    from envace_gym.policy import TransformersPolicy
+    from envace_gym.trainer import TrainerConfig, train
+
+    tok = tiny_tokenizer(family=family)
+    policy = TransformersPolicy(tiny_model(tok, seed=1), tok)
+    history = train(policy, TrainerConfig(domain="units", steps=1, tasks_per_step=2, group_size=2, max_new_tokens=8))
+    assert history[0]["trained_tokens"] > 0
+
+
+def test_the_tokenizers_own_response_parser_never_raises():
+    from trl import chat_template_utils as trl_chat
+
+    tok = tiny_tokenizer(family="qwen3_5")
+    trl_chat.add_response_schema(tok)
+    fmt = tool_call_format(tok, prefix=ChatFormat.of(tok).generation_prompt)
+    rng = random.Random(0)
+    for _ in range(300):
+        text = HAND_WRITTEN["qwen3_5"]
+        i, j = sorted(rng.randrange(len(text) + 1) for _ in range(2))
+        text = text[:i] + rng.choice(["", "<", "</parameter>", "\n", "{", "NaN"]) + text[j:]
+        parsed = fmt.parse(text, schemas=_bank_schemas)
+        assert parsed.error is None or parsed.error.code in (
+            ErrorCode.INVALID_TOOL_CALL_FORMAT,
+            ErrorCode.LIMIT_EXCEEDED,
+        )
