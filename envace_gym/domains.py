@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DomainError, TaskNotFoundError, ToolError
+from .errors import DomainError, EnvACEError, TaskNotFoundError, ToolError
 from .executors import ToolExecutor, replay
 from .parsing import call_key, canonical_json, format_act
 from .tools import ToolCall, ToolRegistry
@@ -481,16 +481,74 @@ class FolderDomain(Domain):
         self.description = meta.get("description", "")
         self.system_prompt = meta.get("system_prompt", Domain.system_prompt)
         self.max_turns = int(meta.get("max_turns", Domain.max_turns))
-        self._tools = ToolRegistry(tool_specs)
+        self._tools = self._load_tools(tool_specs)
+        self._executor_class = self._load_executor()
+        self._check_executor_tools()
         self._tasks: dict[str, list[Task]] = {s: [] for s in SPLITS}
+        first_line: dict[str, int] = {}
         for n, line in enumerate(lines, 1):
             if line.strip():
+                where = f"{self.path / 'tasks.jsonl'}:{n}"
                 try:
                     task = Task.from_dict(json.loads(line), self.name)
                 except ValueError as exc:
-                    raise DomainError(f"{self.path / 'tasks.jsonl'}:{n}: {exc}") from exc
-                self._tasks.setdefault(task.split, []).append(task)
-        self._executor_class = self._load_executor()
+                    raise DomainError(f"{where}: {exc}") from exc
+                if task.id in first_line:
+                    raise DomainError(f"{where}: task id {task.id!r} is already used on line {first_line[task.id]}; "
+                                      "give every task its own id")  # fmt: skip
+                first_line[task.id] = n
+                self._check_task(task, where)
+                self._tasks[task.split].append(task)
+
+    def _load_tools(self, specs: Any) -> ToolRegistry:
+        """``tools.json`` as a registry, or a :class:`DomainError` naming the tool and the fix."""
+        file = self.path / "tools.json"
+        if isinstance(specs, Mapping) and isinstance(specs.get("tools"), list):
+            raise DomainError(f"{file}: holds an object with a 'tools' key (an MCP tools/list result); "
+                              "write the list itself: [{...}, ...]")  # fmt: skip
+        if not isinstance(specs, list):
+            raise DomainError(f"{file}: must be a JSON list of tools, got a {type(specs).__name__}")
+        registry = ToolRegistry()
+        for i, spec in enumerate(specs):
+            fn = spec.get("function") if isinstance(spec, Mapping) else None
+            name = (
+                spec.get("name", fn.get("name") if isinstance(fn, Mapping) else None)
+                if isinstance(spec, Mapping)
+                else None
+            )
+            if isinstance(spec, Mapping) and "input_schema" in spec and "inputSchema" not in spec:
+                raise DomainError(f"{file}: tool {i} ({name!r}) has 'input_schema'; MCP spells it 'inputSchema' "
+                                  "(or use the OpenAI form with 'parameters')")  # fmt: skip
+            try:
+                registry.add(spec)
+            except EnvACEError as exc:
+                raise DomainError(f"{file}: tool {i} ({name!r}): {exc}") from exc
+        return registry
+
+    def _check_executor_tools(self) -> None:
+        if self._executor_class is None:
+            return
+        implemented = {t.name for t in self._executor_class.tool_schemas()}
+        missing = [t.name for t in self._tools if t.name not in implemented]
+        if missing:
+            raise DomainError(
+                f"{self.path / 'tools.json'}: {missing} have no @tool method in {self.path / 'executor.py'}'s "
+                f"Executor (it implements {sorted(implemented)}); add the methods or remove the tools"
+            )
+
+    def _check_task(self, task: Task, where: str) -> None:
+        if task.split not in SPLITS:
+            raise DomainError(f"{where}: split {task.split!r} must be one of {list(SPLITS)}")
+        unknown = sorted({n for n in task.tools if n not in self._tools})
+        unknown += sorted({c.name for turn in task.reference for c in turn.calls if c.name not in self._tools})
+        if unknown:
+            raise DomainError(f"{where}: task {task.id!r} names tools that tools.json does not define: "
+                              f"{sorted(set(unknown))} (defined: {sorted(t.name for t in self._tools)})")  # fmt: skip
+        if "state" in task.expected and self._executor_class is None:
+            raise DomainError(
+                f"{where}: task {task.id!r} checks expected.state, which replays the calls on a real executor; "
+                f"add {self.path / 'executor.py'} (a ToolExecutor named Executor) or check 'calls' / 'answer_*'"
+            )
 
     def _load_executor(self) -> type[ToolExecutor] | None:
         file = self.path / "executor.py"

@@ -165,8 +165,12 @@ def write_folder(tmp_path, with_executor: bool = True):
             {"content": "It is 2."},
         ],
         "initial_state": {"value": 0},
-        "expected": {"state": {"value": 2}, "answer_numbers": [2]},
+        # a state check replays calls on the executor; without one, the calls themselves are checked
+        "expected": {"state": {"value": 2}}
+        if with_executor
+        else {"calls": [{"name": "increment", "arguments": {"by": 2}}]},
     }
+    task["expected"]["answer_numbers"] = [2]
     (folder / "tasks.jsonl").write_text(json.dumps(task) + "\n")
     if with_executor:
         (folder / "executor.py").write_text(
@@ -215,6 +219,63 @@ def test_malformed_folder_is_a_domain_error(tmp_path):
         make_domain(folder)
     (folder / "tools.json").write_text("not json")
     with pytest.raises(DomainError, match="cannot read"):
+        make_domain(folder)
+
+
+def _rewrite_task(folder, **changes):
+    task = json.loads((folder / "tasks.jsonl").read_text())
+    (folder / "tasks.jsonl").write_text(json.dumps({**task, **changes}) + "\n")
+
+
+FOLDER_MISTAKES = {
+    # name: (what the user got wrong, what the error must say)
+    "a tool the executor lacks": (
+        lambda f: (f / "tools.json").write_text(
+            json.dumps(
+                [
+                    *json.loads((f / "tools.json").read_text()),
+                    {"name": "reset", "description": "Reset.", "parameters": {"type": "object", "properties": {}}},
+                ]
+            )  # fmt: skip
+        ),
+        r"tools.json: \['reset'\] have no @tool method in .*executor.py's Executor",
+    ),
+    "a reference call to an unknown tool": (
+        lambda f: _rewrite_task(f, reference=[{"calls": [{"name": "decrement", "arguments": {}}], "results": [{}]}]),
+        r"tasks.jsonl:1: task 'counter/1' names tools that tools.json does not define: \['decrement'\]",
+    ),
+    "duplicate task ids": (
+        lambda f: (f / "tasks.jsonl").write_text((f / "tasks.jsonl").read_text() * 2),
+        r"tasks.jsonl:2: task id 'counter/1' is already used on line 1",
+    ),
+    "an unknown split": (
+        lambda f: _rewrite_task(f, split="validation"),
+        r"tasks.jsonl:1: split 'validation' must be one of \['train', 'test'\]",
+    ),
+    "a state check with no executor": (
+        lambda f: (f / "executor.py").unlink(),
+        r"tasks.jsonl:1: task 'counter/1' checks expected.state, which replays the calls on a real executor; add .*executor.py",
+    ),
+    "an MCP tools/list result as tools.json": (
+        lambda f: (f / "tools.json").write_text(json.dumps({"tools": [{"name": "increment", "inputSchema": {}}]})),
+        r"tools.json: holds an object with a 'tools' key \(an MCP tools/list result\); write the list itself",
+    ),
+    "an MCP tool spelled input_schema": (
+        lambda f: (f / "tools.json").write_text(
+            json.dumps([{"name": "increment", "input_schema": {"type": "object"}}])
+        ),
+        r"tools.json: tool 0 \('increment'\) has 'input_schema'; MCP spells it 'inputSchema'",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(FOLDER_MISTAKES))
+def test_folder_mistakes_are_domain_errors_at_load_time(tmp_path, mistake):
+    folder = write_folder(tmp_path)
+    make_domain(folder)  # the folder as written loads
+    break_it, message = FOLDER_MISTAKES[mistake]
+    break_it(folder)
+    with pytest.raises(DomainError, match=message):
         make_domain(folder)
 
 
