@@ -648,9 +648,15 @@ def _load_reference(ref: str) -> Any:
 
 def make_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
     """Resolve ``domain=``: a Domain object, a registered name (entry points of other packages included), a
-    path to a domain folder, or a reference into the user's code, ``"module:attr"`` / ``"file.py:attr"``."""
+    path to a domain folder, a conversation dataset (a ``.jsonl``/``.json``/``.parquet`` file, a ``datasets``
+    folder or object: :class:`~envace_gym.dataset_domain.DatasetDomain`, ``kwargs`` such as ``format=``), or a
+    reference into the user's code, ``"module:attr"`` / ``"file.py:attr"``."""
     if isinstance(domain, Domain):
         return domain
+    from .dataset_domain import DatasetDomain, is_dataset_source
+
+    if (not isinstance(domain, str) or domain not in _FACTORIES) and is_dataset_source(domain):
+        return DatasetDomain(domain, **kwargs)  # conversations: .jsonl/.json/.parquet, a datasets folder or object
     if isinstance(domain, Path) or (isinstance(domain, str) and domain not in _FACTORIES and Path(domain).is_dir()):
         return FolderDomain(domain)
     if not isinstance(domain, str):

@@ -1,0 +1,113 @@
+"""Dataset domains: conversations in three formats become tasks, played to a reward with no executor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import envace_gym  # noqa: F401
+from envace_gym import DomainError, ToolCall
+from envace_gym.dataset_domain import DatasetDomain, reference_call_reward
+from envace_gym.domains import make_domain
+from envace_gym.testing import ScriptedPolicy
+
+DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
+FILES = ["openai.jsonl", "envace.jsonl", "sharegpt.jsonl"]
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_each_example_file_becomes_the_same_tasks(file):
+    domain = make_domain(str(DATA / file))
+    assert isinstance(domain, DatasetDomain) and not domain.skipped
+    tasks = [*domain.tasks("train"), *domain.tasks("test")]
+    assert len(tasks) == 10 and {t.id for t in tasks} == {f"desk/{k:03d}" for k in range(10)}
+    two_turns = next(t for t in tasks if t.user_turns)
+    assert two_turns.user_turns == ("And how is the weather in Lisbon?",)
+    parallel = next(t for t in tasks if len(t.reference[0].calls) == 2)
+    assert [c.name for c in parallel.reference[0].calls] == ["get_weather", "convert_currency"]
+    assert parallel.reference[0].results[1] == {"amount": 86.4, "currency": "USD"}
+    assert domain.tools_for(parallel).names == ["get_weather", "convert_currency", "book_table"]
+    assert all(t.system_prompt.startswith("You are a travel-desk assistant") for t in tasks)
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_the_reference_scores_one_and_a_corrupted_call_less(file):
+    env = gym.make("EnvACE-Rehearsal-v0", domain=str(DATA / file), executor="cached", on_invalid="feedback",
+                   policy=ScriptedPolicy(['{"city": "Lisbon", "temperature_c": 99}\n</execution_result>'] * 4))  # fmt: skip
+    for task_id, corrupt in (("desk/000", False), ("desk/000", True)):
+        env.reset(options={"task": task_id})
+        episode = env.unwrapped.episode
+        for turn in episode.task.reference:
+            if corrupt and turn.calls:
+                turn = type(turn)(turn.content, (ToolCall(turn.calls[0].name, {"city": "Paris"}),), turn.results)
+            *_, reward, terminated, truncated, info = env.step(episode.reference_action(turn))
+        assert terminated
+        if corrupt:
+            assert reward < 1.0 and info["calls"] == [] and episode.records[0].route == "rehearsal"
+        else:
+            assert reward == 1.0 and episode.records[0].route == "cache"
+
+
+def test_the_envace_rows_keep_their_checklists():
+    domain = make_domain(str(DATA / "envace.jsonl"))
+    task = domain.task("desk/007")  # two user turns
+    (checklist,) = task.expected["checklist_list"]
+    assert len(task.user_turns) == 1 and len(checklist) == 2
+    assert checklist[0][0]["question"].startswith("Did the assistant call book_table")
+
+
+def test_datasets_objects_folders_and_parquet_load(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [json.loads(line) for line in (DATA / "openai.jsonl").read_text().splitlines()]
+    # nested messages of varying shapes go into Arrow columns as JSON text, as such datasets usually store them
+    ds = datasets.Dataset.from_list([{k: v if k == "id" else json.dumps(v) for k, v in r.items()} for r in rows])
+    ds.save_to_disk(tmp_path / "saved")
+    ds.to_parquet(tmp_path / "rows.parquet")
+    for source in (ds, str(tmp_path / "saved"), str(tmp_path / "rows.parquet")):
+        domain = make_domain(source) if not isinstance(source, str) else make_domain(source, name="desk")
+        assert len(domain.tasks("train")) + len(domain.tasks("test")) == 10 and not domain.skipped, source
+        assert domain.task("desk/008").expected == {"answer_numbers": [86.4]}
+
+
+def test_bad_rows_are_reported_and_skipped(caplog):
+    good = json.loads((DATA / "openai.jsonl").read_text().splitlines()[0])
+    bad_schema = {**good, "id": "bad/1", "tools": [{"name": "x", "parameters": {"type": "objekt"}}]}
+    bad_call = {**good, "id": "bad/2"}
+    bad_call["messages"] = [*good["messages"][:2], {"role": "assistant", "content": "",
+                            "tool_calls": [{"function": {"name": "get_weather", "arguments": "{not json"}}]}]  # fmt: skip
+    unknown_tool = {**good, "id": "bad/3"}
+    unknown_tool["messages"] = [*good["messages"][:2], {"role": "assistant", "content": "",
+                                "tool_calls": [{"function": {"name": "teleport", "arguments": {}}}]}]  # fmt: skip
+    no_user = {"id": "bad/4", "messages": [{"role": "system", "content": "s"}], "tools": []}
+    with caplog.at_level("WARNING", logger="envace_gym"):
+        domain = DatasetDomain([good, bad_schema, bad_call, unknown_tool, no_user, "not a row"], name="mixed")
+    assert [i for i, _ in domain.skipped] == [1, 2, 3, 4, 5]
+    reasons = dict(domain.skipped)
+    assert "SchemaError" in reasons[1] and "does not parse" in reasons[2] and "'teleport'" in reasons[3]
+    assert "no user turn" in reasons[4] and "must be an object" in reasons[5]
+    assert "5 row(s) skipped" in caplog.text
+    with pytest.raises(DomainError, match="no usable row"):
+        DatasetDomain([bad_schema], name="none")
+    with pytest.raises(DomainError, match="format must be one of"):
+        DatasetDomain([good], format="alpaca")
+
+
+def test_reference_call_reward_counts_order_and_answers():
+    domain = make_domain(str(DATA / "openai.jsonl"))
+    task = next(t for t in [*domain.tasks("train"), *domain.tasks("test")] if len(t.reference[0].calls) == 2)
+    from envace_gym.domains import CallRecord, Trajectory
+
+    def traj(calls, answer):
+        records = tuple(CallRecord(1, c, "cache", {}, None, 1) for c in calls)
+        return Trajectory(task, (), records, (answer,))
+
+    w, c = task.reference[0].calls
+    right = reference_call_reward(task, traj([w, c], "Rome is 18 °C; 80 EUR is 86.4 USD."))
+    assert right.score == 1.0 and right.success
+    swapped = reference_call_reward(task, traj([c, w], "86.4"))
+    assert swapped.checks == {"reference_calls": True, "reference_order": False, "answer_numbers": True}
+    missing = reference_call_reward(task, traj([w], "no idea"))
+    assert missing.score == 0.0
