@@ -217,6 +217,7 @@ def train(
             "rows_act": sum(s.role == "act" for s in samples),
             "rows_rehearse": sum(s.role == "rehearse" for s in samples),
             "trained_tokens": trained_tokens,
+            "masked_episodes": batch.stats["masked_episodes"],  # their verifier (or judge) could not score them
             "seconds": time.perf_counter() - started,
         }
         history.append(metrics)

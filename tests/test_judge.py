@@ -1,0 +1,214 @@
+"""The checklist judge: scoring rules, masking, caching, and both backends (the endpoint one against a real
+``transformers serve`` on a local port)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+import envace_gym  # noqa: F401
+from envace_gym.dataset_domain import DatasetDomain
+from envace_gym.domains import CallRecord, Trajectory, register_domain
+from envace_gym.errors import DomainError, ErrorCode, ToolError
+from envace_gym.judge import ChecklistJudge, EndpointJudge, TransformersJudge, judge_prompt, read_verdict
+from envace_gym.rollout import collect_rollouts
+from envace_gym.testing import ScriptedPolicy, tiny_model, tiny_policy, tiny_tokenizer
+
+DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
+PASS, FAIL = '{"pass": true, "reason": "ok"}', '{"pass": false, "reason": "no"}'
+
+
+class Scripted:
+    """A judge backend answering by a rule on the prompt; records how many prompts it saw."""
+
+    def __init__(self, answer):
+        self.answer, self.seen = answer, 0
+
+    def complete(self, prompts):
+        self.seen += len(prompts)
+        return [self.answer(p[1]["content"]) for p in prompts]
+
+
+def desk_task(task_id="desk/007"):  # two user turns, one checklist
+    return DatasetDomain(str(DATA / "envace.jsonl"), name="desk").task(task_id)
+
+
+def trajectory(task, failed_turn=None, turns=2):
+    """The reference played: its messages, its calls (one failed in ``failed_turn``)."""
+    messages = [{"role": "system", "content": "s"}]
+    records, users = [], iter([task.prompt, *task.user_turns])
+    for n, turn in enumerate(task.reference):
+        if not turn.calls:
+            messages.append({"role": "assistant", "content": turn.content})
+            continue
+        if n == 0 or not task.reference[n - 1].calls:
+            user_turn = sum(1 for m in messages if m["role"] == "user") + 1
+            if user_turn > turns:
+                break
+            messages.append({"role": "user", "content": next(users)})
+        messages.append({"role": "assistant", "content": "", "tool_calls": [c.to_openai() for c in turn.calls]})
+        for call, result in zip(turn.calls, turn.results, strict=True):
+            error = ToolError(ErrorCode.EXECUTION_ERROR, "boom") if user_turn == failed_turn else None
+            records.append(CallRecord(n + 1, call, "cache", result, error, user_turn))
+            messages.append({"role": "tool", "name": call.name, "content": json.dumps(result)})
+    return Trajectory(task, tuple(messages), tuple(records), ())
+
+
+def test_verdicts_are_read_strictly():
+    assert read_verdict(PASS) is True and read_verdict(FAIL) is False
+    assert read_verdict('```json\n{"pass": true}\n```') is True
+    for bad in ['{"pass": "yes"}', "pass", '{"pass": true', None, "[true]", '{"pass": NaN}']:
+        assert read_verdict(bad) is None, bad
+
+
+def test_turn_scores_weights_tool_failures_and_unreached_turns():
+    task = desk_task()
+    (checklist,) = task.expected["checklist_list"]
+    judge = ChecklistJudge(Scripted(lambda p: PASS if "item: Did the assistant call book_table" in p else FAIL))
+    result = judge(task, trajectory(task))
+    # turn 1: the book_table item passes (weight 1/2), the answer item fails; turn 2: both fail
+    assert result.score == pytest.approx((checklist[0][0]["weight"] + 0.0) / 2)
+    assert result.checks["c0.t1.0"] and not result.checks["c0.t1.1"]
+    everything = ChecklistJudge(Scripted(lambda p: PASS))
+    assert everything(task, trajectory(task)).score == pytest.approx(1.0)
+    assert everything(task, trajectory(task, failed_turn=1)).score == pytest.approx(0.5)  # turn 1 zeroed
+    assert everything(task, trajectory(task, turns=1)).score == pytest.approx(0.5)  # turn 2 never reached
+
+
+def test_unreadable_verdicts_mask_the_episode_after_retries():
+    task = desk_task()
+    answers = iter(["nonsense", "still nonsense"] + [PASS] * 10)
+    retried = ChecklistJudge(Scripted(lambda p: next(answers)), retries=2)
+    assert retried(task, trajectory(task)).score is not None  # read on a resample
+    broken = ChecklistJudge(Scripted(lambda p: "I think it passes"), retries=1)
+    result = broken(task, trajectory(task))
+    assert result.score is None and result.checks == {"judge_failed": True} and broken.failures == 1
+    offline = ChecklistJudge(EndpointJudge("http://127.0.0.1:9/v1", "judge", timeout=2), retries=0)
+    assert offline(task, trajectory(task)).score is None and offline.failures == 1  # transport error: masked
+    with pytest.raises(DomainError, match="envace checklists"):
+        ChecklistJudge(Scripted(lambda p: PASS))(
+            DatasetDomain(str(DATA / "openai.jsonl")).task("desk/000"), trajectory(task)
+        )
+
+
+def test_a_group_pays_once_for_the_same_judgment():
+    task = desk_task()
+    backend = Scripted(lambda p: PASS)
+    judge = ChecklistJudge(backend)
+    for _ in range(4):  # four episodes of a group that did the same thing
+        judge(task, trajectory(task))
+    items = sum(len(turn) for turn in task.expected["checklist_list"][0])
+    assert backend.seen == items and judge.judged == items
+
+
+def test_the_in_process_backend_batches_an_episodes_items():
+    task = desk_task()
+    judged = ChecklistJudge(TransformersJudge(ScriptedPolicy(lambda prompt: PASS)))
+    assert judged(task, trajectory(task)).score == pytest.approx(1.0)
+    random_model = ChecklistJudge(TransformersJudge(tiny_policy()), retries=0)  # writes no JSON: masked
+    assert random_model(task, trajectory(task)).score is None
+
+
+def test_a_failed_judge_is_masked_in_rollouts_and_both_trainers(tmp_path):
+    from envace_gym.integrations import trl as envace_trl
+    from envace_gym.trainer import TrainerConfig, train
+
+    register_domain("desk-judged", lambda: DatasetDomain(
+        str(DATA / "envace.jsonl"), name="desk", reward=ChecklistJudge(Scripted(lambda p: "?"), retries=0)),
+        overwrite=True)  # fmt: skip
+    policy = tiny_policy(seed=2)
+    batch = collect_rollouts(policy, "desk-judged", ["desk/000", "desk/001"], group_size=2, act="reference",
+                             executor="cached")  # fmt: skip
+    assert all(e.reward is None for e in batch.episodes) and batch.stats["masked_episodes"] == 4
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    (step,) = train(policy, TrainerConfig(domain="desk-judged", steps=1, tasks_per_step=2, group_size=2,
+                                          max_new_tokens=8, executor="cached"))  # fmt: skip
+    assert step["trained_tokens"] == 0 and step["masked_episodes"] == 4
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True))
+
+    path = tmp_path / "tiny"
+    policy.model.save_pretrained(path)
+    policy.tokenizer.save_pretrained(path)
+    from transformers import AutoTokenizer
+
+    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path / "out"), domain="desk-judged", rollout_executor="cached",
+                                       per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
+                                       max_steps=1, use_cpu=True, report_to="none", bf16=False, gradient_checkpointing=False, save_strategy="no")  # fmt: skip
+    trainer = envace_trl.EnvACEGRPOTrainer(
+        model=str(path), args=args, processing_class=AutoTokenizer.from_pretrained(path)
+    )
+    out = trainer._generate_and_score_completions([{"prompt": "desk/000"}] * 2 + [{"prompt": "desk/001"}] * 2)
+    assert out["tool_mask"].sum() == 0 and out["advantages"].abs().sum() == 0
+
+
+# -- the endpoint backend against a real server ------------------------------------------------------------
+def _verdict_model(path: Path, prompts) -> None:
+    """A tiny model taught to answer the judge prompts of the test with a passing verdict, saved for the server."""
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=3)
+    answer = tok(PASS, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    rows = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False) for p in prompts]
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(120):
+        for prompt in rows:
+            ids = torch.tensor([prompt + answer])
+            labels = ids.clone()
+            labels[0, : len(prompt)] = -100
+            optimizer.zero_grad()
+            model(input_ids=ids, labels=labels).loss.backward()
+            optimizer.step()
+    model.eval()
+    model.generation_config.do_sample = False
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_endpoint_backend_scores_through_a_real_local_server(tmp_path):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from envace_gym.judge import checklists_of, turn_transcripts
+
+    task = desk_task()
+    transcripts = turn_transcripts(trajectory(task))
+    prompts = [judge_prompt(i, transcripts[t]) for t, items in enumerate(checklists_of(task)[0]) for i in items]
+    model_dir = tmp_path / "judge-model"
+    _verdict_model(model_dir, prompts)
+    port = _free_port()
+    cli = Path(sys.executable).with_name("transformers")
+    server = subprocess.Popen(
+        [str(cli), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    pytest.fail("transformers serve did not come up")
+                time.sleep(0.5)
+        judge = ChecklistJudge(EndpointJudge(f"http://127.0.0.1:{port}/v1", str(model_dir), max_concurrency=4,
+                                             timeout=60, temperature=0.0, max_tokens=24))  # fmt: skip
+        result = judge(task, trajectory(task))
+        assert result.score == pytest.approx(1.0), result
+        assert judge.judged == sum(len(turn) for turn in task.expected["checklist_list"][0])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
