@@ -161,7 +161,7 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"{label}: success {result.success_rate:.3f}, reward {result.mean_reward:.3f}", flush=True)
     if len(runs) == 1:
         result = runs[0][1]
-        print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, real execution")
+        print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, {result.executor} execution")
         print(f"  success rate       {result.success_rate:.3f}")
         print(f"  mean reward        {result.mean_reward:.3f}")
         if result.rehearsals:
@@ -171,7 +171,7 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"  equal to real      {result.equal_to_real:.3f}")
     else:
         print(
-            f"\n{runs[0][1].domain} / {runs[0][1].split}, {runs[0][1].episodes} episodes, real execution, model {args.model or 'default'}"
+            f"\n{runs[0][1].domain} / {runs[0][1].split}, {runs[0][1].episodes} episodes, {runs[0][1].executor} execution, model {args.model or 'default'}"
         )
         print(
             "| private rehearsal | success rate | mean reward | real-executor calls | Act tokens | rehearsal tokens |"

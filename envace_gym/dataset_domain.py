@@ -251,8 +251,6 @@ class DatasetDomain(Domain):
         system_prompt: Used where a row brings none.
     """
 
-    executes_calls = False
-
     def __init__(
         self,
         source: Any,

@@ -1,10 +1,13 @@
 """Evaluation: task success with the **real** executor, and how faithfully the policy rehearses.
 
 * **Success** (``executor="real"``): the policy acts on held-out tasks; every call is answered by the domain's
-  real tools; the domain's reward decides. This is the number that matters.
+  real tools; the domain's reward decides. This is the number that matters. A domain without real tools (a
+  dataset of conversations) is played with ``executor="cached"`` instead: a call that matches a reference call
+  gets the recorded result, any other is rehearsed; ``EvalResult.executor`` says which.
 * **Fidelity** of the Rehearse role: each task's reference solution is played (``act="reference"``) while the
   policy rehearses every call (``separate`` mode); each rehearsed response is compared with what the real
-  executor returns for the same call in the same state. Reported: the share of rehearsals that parse
+  executor returns for the same call in the same state (without real tools: with the recorded reference
+  result of that call). Reported: the share of rehearsals that parse
   (``<execution_result>`` with JSON), that pass the tool's ``returns`` schema, and that equal the real
   response (canonical JSON).
 """
@@ -16,6 +19,7 @@ from typing import Any
 
 from .domains import Domain, make_domain
 from .errors import ErrorCode
+from .executors import ReferenceCache
 from .parsing import canonical_json
 from .planning import PlannerConfig, RehearsalPlanner
 from .policy import Policy, SamplingParams
@@ -32,6 +36,7 @@ class EvalResult:
     episodes: int
     success_rate: float
     mean_reward: float
+    executor: str = "real"  # "cached" for a domain without real tools (reference results, else rehearsal)
     real_calls: int = 0  # calls that reached the real executor (the committed ones)
     act_tokens: int = 0  # tokens of the committed Act turns
     rehearsal_tokens: int = 0  # tokens spent in private rehearsal (0 without a planner)
@@ -79,9 +84,10 @@ def evaluate(
     rehearsal = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
     passes = 2 if fidelity and dom.executes_calls else 1
+    executor = "real" if not tasks or dom.make_executor(tasks[0]) is not None else "cached"
     real = collect_rollouts(
-        policy, dom, tasks, executor="real", act_sampling=sampling, seed=seed, actor=actor,
-        progress=_pass_progress(progress, 0, passes, len(tasks), "episodes (real execution)"),
+        policy, dom, tasks, executor=executor, act_sampling=sampling, seed=seed, actor=actor,
+        progress=_pass_progress(progress, 0, passes, len(tasks), f"episodes ({executor} execution)"),
     )  # fmt: skip
     rewards = [e.reward for e in real.episodes if e.reward is not None]
     result = EvalResult(
@@ -90,6 +96,7 @@ def evaluate(
         episodes=len(real.episodes),
         success_rate=sum(e.success for e in real.episodes) / max(1, len(real.episodes)),
         mean_reward=sum(rewards) / max(1, len(rewards)),
+        executor=executor,
         per_task=[
             {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns} for e in real.episodes
         ],
@@ -107,11 +114,13 @@ def evaluate(
     total = parsed = schema_ok = equal = 0
     for task, episode in zip(tasks, rehearsed.episodes, strict=True):
         shadow = dom.make_executor(task)
+        recorded = ReferenceCache(task.reference_pairs())  # the truth when there are no real tools
         for record in episode.calls:
             if not record["validated"]:
                 continue
-            truth = shadow.execute(ToolCall(record["name"], record["arguments"])) if shadow is not None else None
-            if record["route"] != "rehearsal":
+            call = ToolCall(record["name"], record["arguments"])
+            known, truth = (True, shadow.execute(call)) if shadow is not None else recorded.lookup(call)
+            if record["route"] != "rehearsal" or not known:
                 continue
             error = record["error"]
             code = error["code"] if error else None

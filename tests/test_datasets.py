@@ -111,3 +111,29 @@ def test_reference_call_reward_counts_order_and_answers():
     assert swapped.checks == {"reference_calls": True, "reference_order": False, "answer_numbers": True}
     missing = reference_call_reward(task, traj([w], "no idea"))
     assert missing.score == 0.0
+
+
+def test_envace_eval_runs_on_a_dataset_file(capsys):
+    from envace_gym.cli import main
+
+    assert main(["eval", "--domain", str(DATA / "openai.jsonl"), "--model", "tiny", "--split", "train",
+                 "--num-tasks", "2", "--max-new-tokens", "8"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "openai / train: 2 episodes, cached execution" in out and "rehearsals" in out
+
+
+def test_fidelity_on_a_dataset_compares_with_the_recorded_results():
+    from envace_gym.evaluate import evaluate
+
+    domain = make_domain(str(DATA / "openai.jsonl"))
+    tasks = domain.tasks("train")[:2]
+    calls = [c for t in tasks for turn in t.reference for c in turn.calls]
+    answers = {json.dumps(c.arguments, sort_keys=True): r for t in tasks for c, r in t.reference_pairs()}
+
+    def rehearse(prompt):  # a perfect simulator of the recorded results
+        line = [x for x in prompt.splitlines() if x.startswith("call: ")][-1]
+        call, _ = json.JSONDecoder().raw_decode(line[len("call: ") :])
+        return json.dumps(answers[json.dumps(call["arguments"], sort_keys=True)]) + "\n</execution_result>"
+
+    result = evaluate(ScriptedPolicy(lambda p: rehearse(p) if "call: " in p else "I cannot help."), domain, "train", 2)
+    assert result.executor == "cached" and result.rehearsals == len(calls) and result.equal_to_real == 1.0
