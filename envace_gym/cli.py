@@ -1,4 +1,4 @@
-"""The ``envace`` command: ``demo``, ``train``, ``eval``, ``experiment``, ``bench`` and ``domains``."""
+"""The ``envace`` command: ``demo``, ``train``, ``eval``, ``experiment``, ``bench``, ``checklists`` and ``domains``."""
 
 from __future__ import annotations
 
@@ -216,6 +216,30 @@ def _experiment(argv: Sequence[str]) -> int:
     return 0
 
 
+def _checklists(args: argparse.Namespace) -> int:
+    from .checklists import write_checklists
+    from .domains import make_domain
+    from .errors import EnvACEError
+    from .judge import EndpointJudge, TransformersJudge
+    from .policy import check_model_source
+
+    if bool(args.base_url) != bool(args.judge_model):
+        raise EnvACEError("--base-url and --judge-model go together (an OpenAI-compatible endpoint and its model)")
+    if not args.base_url:
+        check_model_source(args.model)
+    domain = make_domain(args.domain)  # a bad dataset fails before the judge model loads
+    backend = (
+        EndpointJudge(args.base_url, args.judge_model) if args.base_url else TransformersJudge(args.model or "default")
+    )
+    report = write_checklists(domain, backend, args.out, splits=args.split)
+    print(
+        f"wrote {report.tasks} tasks to {args.out}: {report.call_items} call items, {report.fact_items} fact items; "
+        f"{len(report.fallbacks)} turn(s) where the judge's fact list was unreadable got one 'agrees with the "
+        "reference answer' item instead" + (f" (first: {report.fallbacks[0]})" if report.fallbacks else "")
+    )
+    return 0
+
+
 def _domains(args: argparse.Namespace) -> int:
     from .domains import list_domains, make_domain
     from .errors import EnvACEError
@@ -325,6 +349,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("train", help="train: sft, rehearsal (EnvACE) or real-tools (baseline); see 'envace train --help'")
     sub.add_parser("experiment", help="the learning comparison behind docs/results.md; see 'envace experiment --help'")
+
+    checklists = sub.add_parser(
+        "checklists", help="derive checklists (calls to make, facts to tell) from a dataset's references, for review"
+    )
+    checklists.add_argument("--domain", required=True, help="a dataset file or folder, or any domain name")
+    checklists.add_argument("--out", required=True, help="the JSONL file to write (EnvACE-format rows)")
+    checklists.add_argument(
+        "--model", default=None,
+        help="judge model folder or hub id, in process; default: the embedded SmolLM2-135M; 'tiny' for a test",
+    )  # fmt: skip
+    checklists.add_argument(
+        "--base-url", default=None, help="an OpenAI-compatible endpoint instead, e.g. http://localhost:30000/v1"
+    )
+    checklists.add_argument("--judge-model", default=None, help="the endpoint's model name (with --base-url)")
+    checklists.add_argument(
+        "--split", nargs="+", choices=["train", "test"], default=["train", "test"], help="which tasks to write"
+    )
+    checklists.set_defaults(func=_checklists)
 
     domains = sub.add_parser("domains", help="list the registered domains")
     domains.set_defaults(func=_domains)

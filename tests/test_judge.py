@@ -212,3 +212,31 @@ def test_the_endpoint_backend_scores_through_a_real_local_server(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+# -- checklists derived from references ----------------------------------------------------------------------
+def test_checklists_are_derived_from_the_reference_and_load_back(tmp_path, capsys):
+    from envace_gym.checklists import ChecklistReport, derive_checklists
+    from envace_gym.cli import main
+
+    domain = DatasetDomain(str(DATA / "openai.jsonl"), name="desk")
+    task = domain.task("desk/007")  # book_table, then get_weather after a second user turn
+    facts = Scripted(lambda p: '["the booking is confirmed", "the confirmation is BK-420"]' if "BK-" in p else "?")
+    report = ChecklistReport()
+    ((checklist,),) = derive_checklists([task], facts, report)
+    assert [len(turn) for turn in checklist] == [3, 2]  # turn 1: call + 2 facts; turn 2: call + fallback
+    assert checklist[0][0]["question"].startswith("Did the assistant call book_table with")
+    assert checklist[0][2]["pass_condition"] == "the confirmation is BK-420"
+    assert checklist[1][1]["question"] == "Does the final answer agree with the reference answer?"
+    assert report.fallbacks == ["desk/007, turn 2"] and sum(i["weight"] for i in checklist[0]) == pytest.approx(1)
+
+    out = tmp_path / "checked.jsonl"
+    assert main(["checklists", "--domain", str(DATA / "openai.jsonl"), "--out", str(out), "--model", "tiny"]) == 0
+    assert "wrote 10 tasks" in capsys.readouterr().out
+    loaded = DatasetDomain(str(out), name="desk")
+    assert not loaded.skipped and len(loaded.tasks("train")) + len(loaded.tasks("test")) == 10
+    again = loaded.task("desk/007")
+    assert again.reference == task.reference and again.user_turns == task.user_turns
+    judge = ChecklistJudge(Scripted(lambda p: PASS))
+    assert judge(again, trajectory(again)).score == pytest.approx(1.0)
+    assert main(["checklists", "--domain", str(DATA / "openai.jsonl"), "--out", str(out), "--base-url", "x"]) == 2
