@@ -320,7 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_bench)
 
     evaluate = sub.add_parser("eval", help="success rate with the real executor, and rehearsal fidelity")
-    evaluate.add_argument("--domain", default="bank", help="domain name or folder (envace domains lists them)")
+    evaluate.add_argument(
+        "--domain", default="bank", help="domain name, folder or dataset file (envace domains lists the names)"
+    )
     evaluate.add_argument(
         "--model", default=None,
         help="model folder or hub id; default: the embedded SmolLM2-135M; 'tiny' for a random test model",

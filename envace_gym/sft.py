@@ -53,7 +53,9 @@ def sft_rows(
     if unknown:
         raise ValueError(f"roles must be among {ROLES}, got {sorted(unknown)}")
     rehearsal = rehearsal or RehearsalConfig()
-    config = EpisodeConfig(executor="real", rehearsal=rehearsal)
+    # The replay needs no model: real tools answer the reference calls, or (a dataset, no real tools) the
+    # recorded results do, every reference call being a cache hit.
+    config = EpisodeConfig(executor="real" if _has_executor(dom) else "cached", rehearsal=rehearsal)
     chat = ChatFormat.of(tokenizer)
     rows: list[dict[str, Any]] = []
     for task in tasks:
@@ -80,6 +82,11 @@ def sft_rows(
     return rows
 
 
+def _has_executor(domain: Domain) -> bool:
+    tasks = domain.tasks("train") or domain.tasks("test")
+    return not tasks or domain.make_executor(tasks[0]) is not None
+
+
 def _row(prompt: Sequence[int], completion: Sequence[int], role: str, task_id: str) -> dict[str, Any]:
     return {
         "input_ids": list(prompt) + list(completion),
@@ -95,7 +102,9 @@ def _play(step: Any) -> Any:
         next(step)
     except StopIteration as stop:
         return stop.value
-    raise DomainError("a reference replay asked for a generation; replays use the real executor")
+    raise DomainError(
+        "a reference replay asked for a generation; replays use the real executor or the recorded results"
+    )
 
 
 def sft_dataset(domain: str | Domain, tokenizer: Any, split: str = "train", num_tasks: int = 200, **kwargs: Any):

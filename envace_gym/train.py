@@ -40,7 +40,9 @@ class TrainConfig:
         default="rehearsal",
         metadata={"help": "rehearsal (EnvACE), real-tools (baseline GRPO) or sft.", "choices": MODES},
     )
-    domain: str = field(default="bank", metadata={"help": "Domain to train on: a name or a folder."})
+    domain: str = field(
+        default="bank", metadata={"help": "Domain to train on: a name, a folder or a dataset file (docs/datasets.md)."}
+    )
     model: str | None = field(
         default=None, metadata={"help": "Path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a test model."}
     )

@@ -41,7 +41,7 @@ from .simulator import RehearsalConfig
 class TrainerConfig:
     """Settings of :func:`train`; every field has a ``help`` for ``envace train --help``."""
 
-    domain: str = field(default="bank", metadata={"help": "Domain to train on (name or folder)."})
+    domain: str = field(default="bank", metadata={"help": "Domain to train on (name, folder or dataset file)."})
     rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (the paper's) or 'inline'."})
     executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls during training rollouts."})
     steps: int = field(default=10, metadata={"help": "Gradient steps (one per batch of rollouts)."})

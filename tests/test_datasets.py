@@ -137,3 +137,27 @@ def test_fidelity_on_a_dataset_compares_with_the_recorded_results():
 
     result = evaluate(ScriptedPolicy(lambda p: rehearse(p) if "call: " in p else "I cannot help."), domain, "train", 2)
     assert result.executor == "cached" and result.rehearsals == len(calls) and result.equal_to_real == 1.0
+
+
+def test_sft_rows_replay_a_dataset_from_its_recorded_results(tokenizer):
+    from envace_gym.sft import sft_rows
+
+    domain = make_domain(str(DATA / "openai.jsonl"))
+    task = domain.task("desk/008")  # two parallel calls, then the answer
+    rows = sft_rows(domain, tokenizer, [task])
+    assert [r["role"] for r in rows] == ["act", "rehearse", "rehearse", "act"]
+    rehearsed = tokenizer.decode(
+        [t for t, m in zip(rows[2]["input_ids"], rows[2]["completion_mask"], strict=True) if m]
+    )
+    assert json.dumps({"amount": 86.4, "currency": "USD"}) in rehearsed
+
+
+@pytest.mark.parametrize("mode", ["sft", "rehearsal"])
+def test_envace_train_runs_on_a_dataset_file(tiny_path, tmp_path, mode):
+    from envace_gym.cli import main
+
+    out = tmp_path / mode
+    argv = ["train", "--mode", mode, "--model", tiny_path, "--output_dir", str(out), "--domain", str(DATA / "sharegpt.jsonl"),
+            "--steps", "1", "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "8", "--sft_tasks", "2"]  # fmt: skip
+    assert main(argv) == 0
+    assert (out / "final" / "config.json").is_file() and json.loads((out / "train_summary.json").read_text())["last"]
