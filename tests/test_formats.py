@@ -6,6 +6,7 @@ Every family runs on a tiny tokenizer with its special tokens and the chat templ
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 
@@ -203,8 +204,14 @@ def test_the_builtin_parsers_agree_with_trls_response_templates():
         assert [c.to_json() for c in parsed.calls] == [c.to_json() for c in ours.calls] == [FIRST], family
 
 
+@functools.cache
+def _bank_registry():
+    domain = make_domain("bank")
+    return domain.tools_for(domain.task(TASK))
+
+
 def _bank_schemas(name):
-    registry = make_domain("bank").tools_for(make_domain("bank").task(TASK))
+    registry = _bank_registry()
     return registry[name].parameters if name in registry else None
 
 
