@@ -279,7 +279,7 @@ class DatasetDomain(Domain):
         for index, row in enumerate(load_rows(source)):
             try:
                 task, registry = self._task(index, row, format)
-            except (_RowError, EnvACEError, KeyError, TypeError) as exc:
+            except (ValueError, EnvACEError, KeyError, TypeError, AttributeError) as exc:  # the row's fault, reported
                 self.skipped.append((index, f"{type(exc).__name__}: {exc}"[:300]))
                 continue
             if task.id in self._registries:

@@ -83,12 +83,14 @@ def test_bad_rows_are_reported_and_skipped(caplog):
                                 "tool_calls": [{"function": {"name": "teleport", "arguments": {}}}]}]  # fmt: skip
     no_user = {"id": "bad/4", "messages": [{"role": "system", "content": "s"}], "tools": []}
     with caplog.at_level("WARNING", logger="envace_gym"):
-        domain = DatasetDomain([good, bad_schema, bad_call, unknown_tool, no_user, "not a row"], name="mixed")
-    assert [i for i, _ in domain.skipped] == [1, 2, 3, 4, 5]
+        domain = DatasetDomain(
+            [good, bad_schema, bad_call, unknown_tool, no_user, "not a row", {"messages": ["hi"]}], name="mixed"
+        )
+    assert [i for i, _ in domain.skipped] == [1, 2, 3, 4, 5, 6]
     reasons = dict(domain.skipped)
     assert "SchemaError" in reasons[1] and "does not parse" in reasons[2] and "'teleport'" in reasons[3]
     assert "no user turn" in reasons[4] and "must be an object" in reasons[5]
-    assert "5 row(s) skipped" in caplog.text
+    assert "6 row(s) skipped" in caplog.text
     with pytest.raises(DomainError, match="no usable row"):
         DatasetDomain([bad_schema], name="none")
     with pytest.raises(DomainError, match="format must be one of"):
