@@ -150,7 +150,9 @@ def write_checklists(
                     "messages": messages,
                     "interaction_kwargs": {"checklist_list": checklist},
                 }
-                file.write(json.dumps({"messages": opening, "extra_info": extra}, ensure_ascii=False) + "\n")
+                kept = {k: v for k, v in task.expected.items() if k != "checklist_list"}  # the answer checks stay
+                row = {"messages": opening, "extra_info": extra, **({"expected": kept} if kept else {})}
+                file.write(json.dumps(row, ensure_ascii=False) + "\n")
                 bar.update()
     bar.close()
     return report

@@ -164,6 +164,8 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, {result.executor} execution")
         print(f"  success rate       {result.success_rate:.3f}")
         print(f"  mean reward        {result.mean_reward:.3f}")
+        if result.masked_episodes:
+            print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them)")
         if result.rehearsals:
             print(f"  rehearsals         {result.rehearsals} (of reference calls)")
             print(f"  parse              {result.parsed:.3f}")

@@ -48,6 +48,10 @@ class _RowError(ValueError):
     """Why one row cannot become a task."""
 
 
+class _Unreadable(str):
+    """A line of a JSONL file that is not JSON: kept in its place so the row is reported, not the file refused."""
+
+
 # ----------------------------------------------------------------------------------------------------
 # Reading rows
 # ----------------------------------------------------------------------------------------------------
@@ -80,19 +84,28 @@ def load_rows(source: Any) -> list[Mapping[str, Any]]:
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".json":
             data = json.loads(text)
-            return data if isinstance(data, list) else data.get("rows", data.get("data", [data]))
+            rows = (
+                data
+                if isinstance(data, list)
+                else data.get("rows", data.get("data", [data]))
+                if isinstance(data, Mapping)
+                else None
+            )
+            if not isinstance(rows, list):
+                raise DomainError(f"{path}: a .json dataset must hold a list of rows (or an object with 'rows'/'data')")
+            return rows
         rows = []
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
-                except ValueError as exc:
-                    raise DomainError(f"{path}:{n}: not a JSON line ({exc})") from exc
+                except (ValueError, RecursionError) as exc:
+                    rows.append(_Unreadable(f"line {n} is not JSON ({str(exc)[:120]})"))  # reported, skipped
         return rows
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         if isinstance(exc, DomainError):
             raise
-        raise DomainError(f"cannot read dataset {path}: {exc}") from exc
+        raise DomainError(f"cannot read dataset {path}: {str(exc)[:200]}") from exc
 
 
 def detect_row_format(row: Mapping[str, Any]) -> str:
@@ -109,8 +122,8 @@ def _json_field(value: Any, what: str) -> Any:
     if isinstance(value, str):
         try:
             return strict_loads(value)
-        except ValueError as exc:
-            raise _RowError(f"{what} is a string that is not JSON ({exc})") from exc
+        except (ValueError, RecursionError) as exc:
+            raise _RowError(f"{what} is a string that is not JSON ({str(exc)[:120]})") from exc
     return value
 
 
@@ -120,7 +133,7 @@ def _result(content: Any) -> Any:
         text = re.sub(r"^\s*<tool_response>\s*|\s*</tool_response>\s*$", "", content)
         try:
             return strict_loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return text
     return content
 
@@ -135,13 +148,23 @@ def _calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
+def _text(content: Any, where: str) -> str:
+    """A message's content as text: a string, nothing, or OpenAI content parts of type text."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    raise _RowError(f"{where}: content must be text or text parts, got {str(content)[:80]}")
+
+
 def _from_messages(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """OpenAI-style messages → system prompt, opening prompt, later user turns, reference turns."""
+    """OpenAI-style messages → system prompt, opening prompt, later user turns, reference turns. Tool results
+    are paired with their calls by ``tool_call_id`` where the calls have ids, else in order."""
     system, prompt, users, turns = None, None, [], []
-    pending: list[Any] | None = None  # results of the last assistant turn's calls, as they arrive
     for i, m in enumerate(messages):
-        role, content = m.get("role"), m.get("content")
-        content = content if isinstance(content, str) else "" if content is None else json.dumps(content)
+        if not isinstance(m, Mapping):
+            raise _RowError(f"message {i} is not an object")
+        role, content = m.get("role"), _text(m.get("content"), f"message {i}")
         if role == "system" and prompt is None:
             system = content
         elif role == "user":
@@ -152,21 +175,64 @@ def _from_messages(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         elif role == "assistant":
             if prompt is None:
                 raise _RowError(f"message {i}: an assistant turn before any user turn")
-            turns.append([content, _calls(m.get("tool_calls"), f"message {i}"), []])
-            pending = turns[-1][2]
+            raw = m.get("tool_calls") or []
+            calls = _calls(raw, f"message {i}")
+            ids = [c.get("id") if isinstance(c, Mapping) else None for c in raw]
+            previous = turns[-1] if turns else None
+            if calls and previous and not previous["calls"] and not previous["closed"]:
+                # "Let me check." then a separate calling message: one turn, as a model writes it
+                previous.update(
+                    calls=calls,
+                    ids=ids,
+                    results=[None] * len(calls),
+                    content=(previous["content"] + "\n" + content).strip(),
+                )
+            else:
+                turns.append({"content": content, "calls": calls, "ids": ids, "results": [None] * len(calls),
+                              "answered": 0, "closed": False})  # fmt: skip
         elif role in ("tool", "function", "ipython"):
-            if pending is None:
+            turn = turns[-1] if turns else None
+            if turn is None or not turn["calls"]:
                 raise _RowError(f"message {i}: a tool result with no assistant call before it")
-            pending.append(_result(m.get("content")))
+            call_id = m.get("tool_call_id")
+            if call_id is not None and any(turn["ids"]):
+                if call_id not in turn["ids"]:
+                    raise _RowError(f"message {i}: tool_call_id {call_id!r} names no call of the turn before it")
+                slot = turn["ids"].index(call_id)
+            else:
+                slot = turn["answered"]
+            if slot >= len(turn["calls"]) or turn["results"][slot] is not None:
+                raise _RowError(f"message {i}: more tool results than calls, or one call answered twice")
+            turn["results"][slot] = _result(m.get("content"))
+            turn["answered"] += 1
+        if role in ("user", "tool", "function", "ipython") and turns:
+            turns[-1]["closed"] = role == "user" or turns[-1]["closed"]
     if prompt is None:
         raise _RowError("no user turn")
-    reference = []
-    for content, calls, results in turns:
-        if len(results) > len(calls):
-            raise _RowError(f"{len(results)} tool results for {len(calls)} calls in one assistant turn")
-        results += [None] * (len(calls) - len(results))  # an unanswered call: known call, unknown result
-        reference.append(ReferenceTurn(content.strip() if calls else content, calls, tuple(results)))
+    reference = [  # a call left unanswered keeps a None result: a known call, an unknown result
+        ReferenceTurn(t["content"].strip() if t["calls"] else t["content"], t["calls"], tuple(t["results"]))
+        for t in turns
+    ]
     return {"system": system, "prompt": prompt, "user_turns": users, "reference": reference}
+
+
+def _checklists(raw: Any, turns: int) -> list[Any]:
+    """``checklist_list`` checked now, not at reward time: ``[checklist][user turn][item]``, one list of items per
+    user turn, every item readable (see :class:`envace_gym.judge.ChecklistItem`)."""
+    from .judge import ChecklistItem
+
+    raw = _json_field(raw, "'checklist_list'")
+    if not isinstance(raw, list) or not all(isinstance(c, list) for c in raw):
+        raise _RowError("'checklist_list' must be a list of checklists, each a list of per-turn item lists")
+    for n, checklist in enumerate(raw):
+        if len(checklist) != turns:
+            raise _RowError(f"checklist {n} has {len(checklist)} turn(s) of items; the conversation has {turns}")
+        for turn in checklist:
+            if not isinstance(turn, list):
+                raise _RowError(f"checklist {n}: each turn must be a list of items")
+            for item in turn:
+                ChecklistItem.from_dict(item)  # a DomainError names the bad item
+    return raw
 
 
 def _openai_row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -185,7 +251,7 @@ def _envace_row(row: Mapping[str, Any]) -> dict[str, Any]:
     kwargs = _json_field(extra.get("interaction_kwargs") or {}, "'extra_info.interaction_kwargs'")
     checklists = kwargs.get("checklist_list") if isinstance(kwargs, Mapping) else None
     if checklists:
-        parsed["expected"] = {"checklist_list": checklists}
+        parsed["expected"] = {"checklist_list": _checklists(checklists, 1 + len(parsed["user_turns"]))}
     if extra.get("index") is not None:
         parsed["id"] = str(extra["index"])
     return parsed
@@ -217,19 +283,33 @@ def _sharegpt_row(row: Mapping[str, Any]) -> dict[str, Any]:
                 messages[-1]["tool_calls"] = calls
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": calls})
+        elif role == "tool" and isinstance(value, str) and value.count("<tool_response>") > 1:
+            for block in re.findall(r"<tool_response>\s*(.*?)\s*</tool_response>", value, re.S):
+                messages.append({"role": "tool", "content": block})  # Hermes answers parallel calls in one turn
         else:
             messages.append({"role": role, "content": value})
     if messages and messages[0]["role"] == "system":
         system = system or messages.pop(0)["content"]
     tools = row.get("tools")
     if tools is None and system and "<tools>" in system:  # Hermes function-calling: schemas in the system prompt
-        block = system.split("<tools>", 1)[1].split("</tools>", 1)[0]
-        tools = _json_field(block.strip(), "the <tools> block of the system prompt")
-        system = system.split("<tools>", 1)[0].strip() or None
+        tools = _tools_block(system)
     parsed = _from_messages(messages)
     parsed["system"] = system
     parsed["tools"] = _json_field(tools or [], "'tools'")
     return parsed
+
+
+def _tools_block(system: str) -> list[Any]:
+    """The tool schemas a Hermes/Qwen system prompt holds in its last non-empty ``<tools>…</tools>`` block (the
+    prompt's own instructions mention an empty one first): a JSON list, or one JSON object per line."""
+    blocks = [b.strip() for b in re.findall(r"<tools>(.*?)</tools>", system, re.S) if b.strip()]
+    if not blocks:
+        raise _RowError("the system prompt's <tools> block is empty")
+    try:
+        value = strict_loads(blocks[-1])
+    except (ValueError, RecursionError):
+        value = [_json_field(line, "a line of the <tools> block") for line in blocks[-1].splitlines() if line.strip()]
+    return value if isinstance(value, list) else [value]
 
 
 _READERS = {"openai": _openai_row, "envace": _envace_row, "sharegpt": _sharegpt_row}
@@ -279,7 +359,7 @@ class DatasetDomain(Domain):
         for index, row in enumerate(load_rows(source)):
             try:
                 task, registry = self._task(index, row, format)
-            except (ValueError, EnvACEError, KeyError, TypeError, AttributeError) as exc:  # the row's fault, reported
+            except (ValueError, EnvACEError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # the row's
                 self.skipped.append((index, f"{type(exc).__name__}: {exc}"[:300]))
                 continue
             if task.id in self._registries:
@@ -296,6 +376,8 @@ class DatasetDomain(Domain):
                               f"{self.skipped[:3]})")  # fmt: skip
 
     def _task(self, index: int, row: Any, format: str | None) -> tuple[Task, ToolRegistry]:
+        if isinstance(row, _Unreadable):
+            raise _RowError(str(row))
         if not isinstance(row, Mapping):
             raise _RowError(f"a row must be an object, got {type(row).__name__}")
         parsed = _READERS[format or detect_row_format(row)](row)
@@ -307,6 +389,9 @@ class DatasetDomain(Domain):
             for call in turn.calls:
                 if call.name not in registry:
                     raise _RowError(f"the reference calls {call.name!r}, which the row's tools do not define")
+                check = registry.validate(call)
+                if not check.ok:  # the reference would fail its own schema: it could not teach or score anything
+                    raise _RowError(f"the reference call {call.name!r} fails its schema: {check.error.message}")
         task_id = str(row.get("id") or parsed.get("id") or f"{self.name}/{index:04d}")
         split = "test" if stable_hash(task_id) % 10_000 < self._test_cut else "train"
         task = Task(

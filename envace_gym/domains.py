@@ -226,7 +226,8 @@ class RewardResult:
 
     @property
     def success(self) -> bool:
-        return bool(self.checks) and all(self.checks.values())
+        """Every check passed, and the episode was scored (a masked one is never a success)."""
+        return self.score is not None and bool(self.checks) and all(self.checks.values())
 
     @classmethod
     def from_checks(cls, checks: Mapping[str, bool], weights: Mapping[str, float] | None = None) -> RewardResult:
@@ -544,6 +545,10 @@ class FolderDomain(Domain):
         if unknown:
             raise DomainError(f"{where}: task {task.id!r} names tools that tools.json does not define: "
                               f"{sorted(set(unknown))} (defined: {sorted(t.name for t in self._tools)})")  # fmt: skip
+        for k, turn in enumerate(task.reference):
+            if len(turn.results) != len(turn.calls):
+                raise DomainError(f"{where}: task {task.id!r} reference turn {k} has {len(turn.calls)} call(s) and "
+                                  f"{len(turn.results)} result(s); give one result per call (null where unknown)")  # fmt: skip
         if "state" in task.expected and self._executor_class is None:
             raise DomainError(
                 f"{where}: task {task.id!r} checks expected.state, which replays the calls on a real executor; "

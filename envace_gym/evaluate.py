@@ -37,6 +37,7 @@ class EvalResult:
     success_rate: float
     mean_reward: float
     executor: str = "real"  # "cached" for a domain without real tools (reference results, else rehearsal)
+    masked_episodes: int = 0  # the verifier (or judge) could not score them: out of mean_reward, never successes
     real_calls: int = 0  # calls that reached the real executor (the committed ones)
     act_tokens: int = 0  # tokens of the committed Act turns
     rehearsal_tokens: int = 0  # tokens spent in private rehearsal (0 without a planner)
@@ -95,8 +96,9 @@ def evaluate(
         split=split,
         episodes=len(real.episodes),
         success_rate=sum(e.success for e in real.episodes) / max(1, len(real.episodes)),
-        mean_reward=sum(rewards) / max(1, len(rewards)),
+        mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),  # nothing scored: no mean, not 0
         executor=executor,
+        masked_episodes=len(real.episodes) - len(rewards),
         per_task=[
             {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns} for e in real.episodes
         ],

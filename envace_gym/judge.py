@@ -21,11 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .domains import RewardResult, Task, Trajectory
@@ -45,8 +44,9 @@ JUDGE_SYSTEM = (
 
 
 class JudgeBackend(Protocol):
-    def complete(self, prompts: Sequence[Prompt]) -> list[str | None]:
-        """One completion per chat prompt; ``None`` where the backend failed (timeout, transport)."""
+    def complete(self, prompts: Sequence[Prompt], attempt: int = 0) -> list[str | None]:
+        """One completion per chat prompt; ``None`` where the backend failed (timeout, transport). ``attempt``
+        counts the resamples of the same prompts, so a seeded backend can draw a new sample."""
         ...
 
 
@@ -95,7 +95,7 @@ def turn_transcripts(trajectory: Trajectory) -> list[str]:
     for m in trajectory.messages[1:]:  # the system prompt is the same for every turn
         role, content = m.get("role"), m.get("content")
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-        if role == "user":
+        if role == "user" and "name" not in m:  # a scripted user turn (an error sent back as a user message is named)
             turns.append([f"USER: {text}"])
         elif turns and role == "assistant":
             calls = m.get("tool_calls") or []
@@ -169,41 +169,50 @@ class ChecklistJudge:
             with self._lock:
                 self.failures += 1
             logger.warning("checklist judge: no readable verdict for task %s; the episode is masked", task.id)
-            return RewardResult(None, {"judge_failed": True})
+            return RewardResult(None, {"judge_read": False})
         scores, checks = [], {}
         for c, checklist in enumerate(checklists):
             for t, items in enumerate(checklist):
-                if t >= len(transcripts):  # a turn the episode never reached
+                turn = f"c{c}.t{t + 1}"
+                checks[f"{turn}.reached"] = t < len(transcripts)
+                if t >= len(transcripts):  # a turn the episode never reached scores 0
                     scores.append(0.0)
                     continue
                 passed = [verdicts[canonical_json([i.key(), transcripts[t]])] for i in items]
+                checks[f"{turn}.no_tool_error"] = (t + 1) not in failed_turns
                 score = sum(i.weight for i, ok in zip(items, passed, strict=True) if ok)
-                scores.append(0.0 if (t + 1) in failed_turns else score)
+                scores.append(score if checks[f"{turn}.no_tool_error"] else 0.0)
                 for k, ok in enumerate(passed):
-                    checks[f"c{c}.t{t + 1}.{k}"] = ok
+                    checks[f"{turn}.{k}"] = ok
         return RewardResult(sum(scores) / len(scores) if scores else None, checks)
 
     def _ask(self, asks: Mapping[str, tuple[ChecklistItem, str]]) -> dict[str, bool] | None:
-        """Verdicts for every key (cached ones included), or ``None`` if any stays unreadable."""
-        todo = dict(asks)
-        for _ in range(self.retries + 1):
+        """Verdicts for every key asked and every cached one, or ``None`` if any asked stays unreadable."""
+        with self._lock:
+            verdicts = dict(self._verdicts)  # this call's own view: another thread's cache changes do not reach it
+        todo = {k: v for k, v in asks.items() if k not in verdicts}
+        for attempt in range(self.retries + 1):
             if not todo:
                 break
             keys = list(todo)
-            texts = self.backend.complete([judge_prompt(*todo[k]) for k in keys])
+            try:
+                texts = list(self.backend.complete([judge_prompt(*todo[k]) for k in keys], attempt=attempt))
+            except Exception as exc:  # a backend's own failure is a failed judgment, never a crashed episode
+                logger.warning("checklist judge: the backend failed (%s: %s)", type(exc).__name__, exc)
+                texts = []
+            texts = texts if len(texts) == len(keys) else [None] * len(keys)
             with self._lock:
                 self.judged += len(keys)
-                for key, text in zip(keys, texts, strict=True):
-                    verdict = read_verdict(text)
-                    if verdict is not None:
-                        self._verdicts[key] = verdict
-                        del todo[key]
+            for key, text in zip(keys, texts, strict=True):
+                verdict = read_verdict(text)
+                if verdict is not None:
+                    verdicts[key] = verdict
+                    del todo[key]
         if todo:
             return None
-        verdicts = dict(self._verdicts)
-        if not self.cache:
-            for key in asks:
-                self._verdicts.pop(key, None)
+        if self.cache:
+            with self._lock:
+                self._verdicts.update({k: verdicts[k] for k in asks})
         return verdicts
 
 
@@ -217,13 +226,14 @@ class TransformersJudge:
         self.policy = make_policy(model)
         self.sampling = sampling or SamplingParams(max_new_tokens=96, temperature=0.6, top_p=0.8, seed=0)
 
-    def complete(self, prompts: Sequence[Prompt]) -> list[str | None]:
+    def complete(self, prompts: Sequence[Prompt], attempt: int = 0) -> list[str | None]:
         tok = self.policy.tokenizer
         ids = [
             tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False) for p in prompts
         ]
         try:
-            return [g.text for g in self.policy.generate(ids, self.sampling)]
+            seed = None if self.sampling.seed is None else self.sampling.seed + attempt  # a resample: a new draw
+            return [g.text for g in self.policy.generate(ids, replace(self.sampling, seed=seed))]
         except Exception as exc:  # a failing model is a failed judgment, never a crashed episode
             logger.warning("checklist judge: the model failed (%s: %s)", type(exc).__name__, exc)
             return [None] * len(prompts)
@@ -260,11 +270,11 @@ class EndpointJudge:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 data = json.loads(response.read())
             return data["choices"][0]["message"]["content"]
-        except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        except Exception as exc:  # transport (URLError, HTTPException, a timeout) or a malformed reply: no verdict
             logger.warning("checklist judge: %s failed (%s: %s)", self.url, type(exc).__name__, exc)
             return None
 
-    def complete(self, prompts: Sequence[Prompt]) -> list[str | None]:
+    def complete(self, prompts: Sequence[Prompt], attempt: int = 0) -> list[str | None]:
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(prompts)))) as pool:
             return list(pool.map(self._one, prompts))
 

@@ -15,6 +15,7 @@ tokens only and never re-renders anything.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
@@ -32,6 +33,8 @@ from .packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, un
 from .parsing import RESULT_CLOSE, RESULT_OPEN
 from .precision import resolve_dtype
 from .simulator import RehearsalConfig
+
+logger = logging.getLogger("envace_gym")
 
 ROLES = ("act", "rehearse")
 
@@ -60,6 +63,9 @@ def sft_rows(
     rows: list[dict[str, Any]] = []
     for task in tasks:
         task = task if isinstance(task, Task) else dom.task(task)
+        if config.executor == "cached" and any(r is None for turn in task.reference for r in turn.results):
+            logger.warning("sft: task %s skipped: a reference call has no recorded result to replay", task.id)
+            continue
         episode = Episode(dom, task, config, tokenizer, np.random.default_rng(0), act_max_new_tokens=0)  # text turns
         for turn in task.reference:
             action = episode.reference_action(turn)  # the model family's own call syntax, through its end token

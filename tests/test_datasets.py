@@ -163,3 +163,65 @@ def test_envace_train_runs_on_a_dataset_file(tiny_path, tmp_path, mode):
             "--steps", "1", "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "8", "--sft_tasks", "2"]  # fmt: skip
     assert main(argv) == 0
     assert (out / "final" / "config.json").is_file() and json.loads((out / "train_summary.json").read_text())["last"]
+
+
+def _row(messages, **extra):
+    tools = json.loads((DATA / "openai.jsonl").read_text().splitlines()[0])["tools"]
+    return {"id": extra.pop("id", "r/1"), "messages": messages, "tools": tools, **extra}
+
+
+def _call(name, args, call_id=None):
+    return {**({"id": call_id} if call_id else {}), "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def test_rows_are_read_as_written_not_as_guessed():
+    user = {"role": "user", "content": [{"type": "text", "text": "Weather in Lisbon and Oslo?"}]}  # content parts
+    out_of_order = _row([
+        user,
+        {"role": "assistant", "content": "Let me check."},  # then a separate calling message: one turn
+        {"role": "assistant", "content": None, "tool_calls": [_call("get_weather", {"city": "Lisbon"}, "a"),
+                                                              _call("get_weather", {"city": "Oslo"}, "b")]},
+        {"role": "tool", "tool_call_id": "b", "content": '{"city": "Oslo"}'},
+        {"role": "tool", "tool_call_id": "a", "content": '{"city": "Lisbon"}'},
+        {"role": "assistant", "content": "Done."},
+    ])  # fmt: skip
+    task = DatasetDomain([out_of_order], test_fraction=0.0).task("r/1")
+    assert task.prompt == "Weather in Lisbon and Oslo?"
+    first = task.reference[0]
+    assert first.content == "Let me check." and [c.arguments["city"] for c in first.calls] == ["Lisbon", "Oslo"]
+    assert [r["city"] for r in first.results] == ["Lisbon", "Oslo"]  # paired by tool_call_id
+    hermes = {"id": "h/1", "conversations": [
+        {"from": "system", "value": "Use <tools></tools> tags.\n<tools>\n" + json.dumps(_row([])["tools"][0]) + "\n"
+                                    + json.dumps(_row([])["tools"][1]) + "\n</tools>"},
+        {"from": "human", "value": "Lisbon and Oslo?"},
+        {"from": "gpt", "value": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>\n'
+                                 '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'},
+        {"from": "tool", "value": '<tool_response>\n{"t": 21}\n</tool_response>\n<tool_response>\n{"t": 4}\n</tool_response>'},
+        {"from": "gpt", "value": "21 and 4."}]}  # fmt: skip
+    task = DatasetDomain([hermes], test_fraction=0.0).task("h/1")
+    assert task.reference[0].results == ({"t": 21}, {"t": 4})  # two responses in one tool turn, one per call
+    assert DatasetDomain([hermes], test_fraction=0.0).tools_for(task).names == ["get_weather", "convert_currency"]
+
+
+def test_rows_that_could_not_teach_or_score_are_skipped_with_a_reason(tmp_path):
+    base = [{"role": "user", "content": "Hi"}]
+    bad_args = _row([*base, {"role": "assistant", "tool_calls": [_call("get_weather", {"town": "X"})]}], id="b/1")
+    unknown_id = _row([*base, {"role": "assistant", "tool_calls": [_call("get_weather", {"city": "X"}, "a")]},
+                       {"role": "tool", "tool_call_id": "zz", "content": "{}"}], id="b/2")  # fmt: skip
+    checklist = {"id": "b/3", "messages": base, "extra_info": {"tools": json.dumps(_row([])["tools"]), "messages": base,
+                 "interaction_kwargs": {"checklist_list": [[[{"weight": 1}]]]}}}  # fmt: skip
+    turns = {**checklist, "id": "b/4"}
+    turns["extra_info"] = {**checklist["extra_info"], "interaction_kwargs": {"checklist_list": [[[], []]]}}
+    good = _row([*base, {"role": "assistant", "content": "Hello."}], id="g/1")
+    domain = DatasetDomain([bad_args, unknown_id, checklist, turns, good], name="mixed")
+    reasons = dict(domain.skipped)
+    assert sorted(reasons) == [0, 1, 2, 3]
+    assert "fails its schema" in reasons[0] and "tool_call_id 'zz'" in reasons[1]
+    assert "needs a 'question'" in reasons[2] and "2 turn(s) of items; the conversation has 1" in reasons[3]
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text(json.dumps(good) + "\n{not json\n" + "[" * 5000 + "\n")
+    assert [i for i, _ in DatasetDomain(str(lines)).skipped] == [1, 2]  # a bad line is a skipped row, not a crash
+    scalar = tmp_path / "scalar.json"
+    scalar.write_text("3")
+    with pytest.raises(DomainError, match="must hold a list of rows"):
+        make_domain(str(scalar))

@@ -333,3 +333,10 @@ def test_domains_declared_by_installed_packages(tmp_path, monkeypatch):
     assert len(make_domain("library-one").tasks("train")) == 1  # an entry point may name an instance
     register_domain("library-ep", make_domain("library-one"))  # the package's own module registering the name
     assert len(make_domain("library-ep").tasks("train")) == 1
+
+
+def test_a_reference_turn_needs_one_result_per_call(tmp_path):
+    folder = write_folder(tmp_path)
+    _rewrite_task(folder, reference=[{"calls": [{"name": "increment", "arguments": {"by": 2}}], "results": []}])
+    with pytest.raises(DomainError, match="reference turn 0 has 1 call\\(s\\) and 0 result\\(s\\)"):
+        make_domain(folder)

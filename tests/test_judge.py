@@ -32,7 +32,7 @@ class Scripted:
     def __init__(self, answer):
         self.answer, self.seen = answer, 0
 
-    def complete(self, prompts):
+    def complete(self, prompts, attempt=0):
         self.seen += len(prompts)
         return [self.answer(p[1]["content"]) for p in prompts]
 
@@ -90,7 +90,8 @@ def test_unreadable_verdicts_mask_the_episode_after_retries():
     assert retried(task, trajectory(task)).score is not None  # read on a resample
     broken = ChecklistJudge(Scripted(lambda p: "I think it passes"), retries=1)
     result = broken(task, trajectory(task))
-    assert result.score is None and result.checks == {"judge_failed": True} and broken.failures == 1
+    assert result.score is None and result.checks == {"judge_read": False} and broken.failures == 1
+    assert not result.success  # a masked episode is never a success
     offline = ChecklistJudge(EndpointJudge("http://127.0.0.1:9/v1", "judge", timeout=2), retries=0)
     assert offline(task, trajectory(task)).score is None and offline.failures == 1  # transport error: masked
     with pytest.raises(DomainError, match="envace checklists"):
@@ -240,3 +241,34 @@ def test_checklists_are_derived_from_the_reference_and_load_back(tmp_path, capsy
     judge = ChecklistJudge(Scripted(lambda p: PASS))
     assert judge(again, trajectory(again)).score == pytest.approx(1.0)
     assert main(["checklists", "--domain", str(DATA / "openai.jsonl"), "--out", str(out), "--base-url", "x"]) == 2
+
+
+def test_judge_edges_mask_or_fail_never_pass():
+    task = desk_task()
+    everything = ChecklistJudge(Scripted(lambda p: PASS))
+    assert not everything(task, trajectory(task, failed_turn=1)).success  # a zeroed turn is not a success
+    assert not everything(task, trajectory(task, turns=1)).success  # nor is an unreached one
+    assert everything(task, trajectory(task)).success
+
+    class Raising:
+        def complete(self, prompts, attempt=0):
+            raise ConnectionError("reset by peer")
+
+    raising = ChecklistJudge(Raising(), retries=1)
+    assert raising(task, trajectory(task)).score is None and raising.failures == 1
+
+    from envace_gym.judge import turn_transcripts
+
+    traj = trajectory(task)
+    error = {"role": "user", "name": "", "content": '{"error_tool_call": {}}'}  # gpt-oss sends errors as user turns
+    shifted = Trajectory(task, (*traj.messages[:3], error, *traj.messages[3:]), traj.calls, ())
+    assert len(turn_transcripts(shifted)) == len(turn_transcripts(traj)) == 2
+
+
+def test_checklists_keep_the_answer_checks(tmp_path):
+    from envace_gym.checklists import write_checklists
+
+    out = tmp_path / "c.jsonl"
+    write_checklists(DatasetDomain(str(DATA / "openai.jsonl")), Scripted(lambda p: '["a fact"]'), out, progress=False)
+    again = DatasetDomain(str(out))
+    assert again.task("desk/000").expected["answer_numbers"] == [21]
