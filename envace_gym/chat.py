@@ -16,7 +16,9 @@ the first stop token (or family end token) after it in the rendering, and a suff
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import re
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,6 +28,7 @@ from .formats import detect_format
 from .policy import stop_token_ids
 
 logger = logging.getLogger("envace_gym")
+_CONTROL = re.compile(r"<\|[^|<>\s]+\|>|<｜[^｜<>\s]+｜>")  # <|...|> and <｜...｜>: chat control tokens
 _DUMMY = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 _SENTINEL = "\u2063ENVACE_TOOL_CONTENT_{}\u2063"
 _CACHE: weakref.WeakKeyDictionary[Any, ChatFormat] = weakref.WeakKeyDictionary()
@@ -53,6 +56,10 @@ class ChatFormat:
         self.special_ids = frozenset(tokenizer.all_special_ids) | frozenset(
             i for i, t in tokenizer.added_tokens_decoder.items() if t.special
         )
+        # Control tokens a tokenizer adds without the special flag (DeepSeek's <｜User｜> on the Hub) are treated
+        # as special too: text must never spell them either.
+        controls = {i for i, t in tokenizer.added_tokens_decoder.items() if _CONTROL.fullmatch(t.content)}
+        self.special_ids = self.special_ids | frozenset(controls)
         self.special_strings = sorted(
             {tokenizer.convert_ids_to_tokens(i) for i in self.special_ids} - {None, ""}, key=len, reverse=True
         )
@@ -72,6 +79,13 @@ class ChatFormat:
                 "does): after the first tool turn an episode's ids are what the model generated on, not a fresh "
                 "render of the structured conversation (docs/environment.md, 'Model families')"
             )
+
+    @functools.cached_property
+    def end_opens_turn(self) -> bool:
+        """True when the token that ends an assistant turn is the next message's opening (GLM's ``<|observation|>``
+        and ``<|user|>``): the template's own must then be written even when the model stopped on another."""
+        end, rest = self.suffix([{"role": "user", "content": "u"}]) if self.user_turns_ok is None else ("", "x")
+        return bool(end) and not rest.lstrip().startswith(tuple(self.special_strings))
 
     @functools.cached_property
     def error_role(self) -> str:
@@ -128,16 +142,23 @@ class ChatFormat:
     def neutralize(self, text: str, keep: Sequence[str] = ()) -> str:
         """``text`` with every special-token string broken by a zero-width space, for untrusted text that must
         go through a template rendering (whose output is tokenized with special tokens recognised). The
-        strings in ``keep`` (a tool-call format's own tokens, in an Act turn) are left whole."""
+        strings in ``keep`` (a tool-call format's own tokens in an Act turn; a sequence such as gpt-oss's
+        ``<|end|><|start|>assistant`` is kept only as that sequence) are left whole."""
+        kept = sorted((k for k in keep if k and k in text), key=len, reverse=True)
+        if kept:  # split around the kept strings, break specials everywhere else
+            parts = re.split("(" + "|".join(map(re.escape, kept)) + ")", text)
+            return "".join(p if i % 2 else self.neutralize(p) for i, p in enumerate(parts))
         for special in self.special_strings:
-            if special in text and special not in keep:
+            if special in text:
                 text = text.replace(special, special[:1] + "\u200b" + special[1:])
         return text
 
     def act_view(self, ids: Sequence[int], keep: Sequence[str]) -> str:
         """A generated Act turn as text for its parser: special tokens dropped, except those in ``keep`` (the
         tokens a tool-call format writes calls with, such as Mistral's ``[TOOL_CALLS]``)."""
-        kept = {i for i in self.special_ids if self.tokenizer.convert_ids_to_tokens(i) in keep}
+        if "*" in keep:  # the tokenizer's own parser reads the turn as generated, end token included
+            return self.decode(ids)
+        kept = {i for i in self.special_ids if any(self.tokenizer.convert_ids_to_tokens(i) in k for k in keep)}
         return self.decode([i for i in ids if i not in self.special_ids or i in kept])
 
     def strip_end(self, text: str) -> str:
@@ -206,6 +227,10 @@ class ChatFormat:
         return "".join(self._act_parts(content, calls))
 
     def _act_parts(self, content: str, calls: Sequence[Mapping[str, Any]] = ()) -> tuple[str, str]:
+        # The content and the arguments are data: no special-token string in them may end or open a turn.
+        calls = [{**c, "function": {**c["function"], "arguments": json.loads(self.neutralize(json.dumps(
+            c["function"].get("arguments", {}), ensure_ascii=False)))}} for c in calls]  # fmt: skip
+        content = self.neutralize(content)
         turn = {"role": "assistant", "content": content, **({"tool_calls": list(calls)} if calls else {})}
         follow = [{"role": "tool", "name": c["function"]["name"], "content": "r"} for c in calls] or [_DUMMY[1]]
         full = self.render([*_DUMMY[:2], turn, *follow], add_generation_prompt=False)

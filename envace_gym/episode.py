@@ -173,7 +173,9 @@ class Episode:
         self.domain, self.task, self.config, self.tokenizer, self.rng = domain, task, config, tokenizer, rng
         self.max_context, self.act_max_new_tokens, self.key = max_context, act_max_new_tokens, key
         self.chat = ChatFormat.of(tokenizer)
-        self.tool_format = tool_call_format(tokenizer, config.tool_call_format, self.chat.generation_prompt)
+        self.tool_format = tool_call_format(
+            tokenizer, config.tool_call_format, self.chat.generation_prompt, self.chat.end_texts
+        )
         self.registry = domain.tools_for(task)  # most domains share one registry; BFCL tasks bring their own
         self.whitelist = domain.whitelist(task)
         self.tools_openai = self.registry.to_openai(self.whitelist, compact=True)  # the Act prompt's tools
@@ -292,10 +294,11 @@ class Episode:
         info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
         if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
             action = self.chat.act_view(act.completion_ids, self.tool_format.act_tokens)
-        if isinstance(action, str):
-            action = self.chat.strip_end(action)  # a text action may carry its end token (a reference action does)
         parsed = self.tool_format.parse(action, self.config.limits, self._parameters)
-        ids, logprobs = self._act_ids(action, act, bool(parsed.calls))
+        # A text turn ends as the template ends the message that follows it (GLM: <|observation|> before a tool
+        # message, the error of a malformed call included).
+        answered_by_tool = bool(parsed.calls) or (parsed.error is not None and self.chat.error_role == "tool")
+        ids, logprobs = self._act_ids(action, act, answered_by_tool)
         if len(self.prompt_ids) + len(ids) > self.max_context:  # the turn itself does not fit: nothing of it is kept
             info["truncation"], info["act"] = "context", None
             return self._finish(info, terminated=False)
@@ -562,7 +565,7 @@ class Episode:
         text = action if isinstance(action, str) else ""
         # An over-long action is rejected by the parser; only its head is kept in the chat, so the cost of
         # recording it stays bounded whatever its length.
-        text = self.chat.strip_end(text[: self.config.limits.max_action_chars])
+        text = text[: self.config.limits.max_action_chars]
         ids = self.chat.encode(self.chat.neutralize(text, keep=self.tool_format.act_tokens))
         ids += self.chat.encode(self.chat.act_end(calls))
         return ids, [0.0] * len(ids)
@@ -591,9 +594,12 @@ class Episode:
         self._append_ids(self.encode(text), text, None, trained=False)
 
     def _close_turn(self, end: str) -> None:
-        """An Act turn cut by the token budget still needs its end token (``end``) before anything follows."""
-        if self._turn_open:
-            self._append_ids(self.chat.encode(end), end, None, trained=False)
+        """An Act turn cut by the token budget still needs its end token (``end``) before anything follows; so does
+        one that stopped on another stop token where ``end`` opens the next message (GLM's role tokens)."""
+        end_ids = self.chat.encode(end)
+        reopen = self.chat.end_opens_turn and self._ids[-len(end_ids) :] != end_ids
+        if self._turn_open or reopen:
+            self._append_ids(end_ids, end, None, trained=False)
             self._turn_open = False
 
     def _add_messages(self, messages: list[dict[str, Any]], calls: list[ToolCall] = ()) -> None:  # type: ignore[assignment]
@@ -613,8 +619,8 @@ class Episode:
 
     def reference_action(self, turn: Any) -> str:
         """The Act text of a reference turn (:class:`~envace_gym.domains.ReferenceTurn`) in this model's own
-        format, as its chat template writes such a turn, through the end token."""
-        return self.chat.act_text(turn.content, [c.to_openai() for c in turn.calls])
+        format, as its chat template writes such a turn (its end token is added when it is stepped)."""
+        return self.chat.strip_end(self.chat.act_text(turn.content, [c.to_openai() for c in turn.calls]))
 
     def _for_chat(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Messages as the template renders them into the ids: :func:`render_for_model`, with special-token

@@ -5,7 +5,8 @@ as :func:`~envace_gym.parsing.parse_act`: bounded, never raising, never evaluati
 ``INVALID_TOOL_CALL_FORMAT`` (``LIMIT_EXCEEDED`` past a bound). Built in:
 
 ==============  ===================================================================================
-``hermes``      ``<tool_call>{"name", "arguments"}</tool_call>`` (Hermes, Qwen2.5, Qwen3, SmolLM2 here)
+``hermes``      ``<tool_call>{"name", "arguments"}</tool_call>`` (Hermes, Qwen2.5, SmolLM2 here): ``parse_act``
+``qwen3``       the same after a ``<think>…</think>`` block (Qwen3's thinking templates)
 ``llama3_json`` a bare ``{"name", "parameters"}`` object (Llama 3.1 / 3.2), ``<|python_tag|>`` optional
 ``mistral``     ``[TOOL_CALLS][{...}]`` (v3 tokenizers) or ``[TOOL_CALLS]name[ARGS]{...}`` (v11 and later)
 ``glm45``       ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>`` (GLM-4.5 / 4.6)
@@ -31,6 +32,8 @@ from .errors import ErrorCode, PolicyError, ToolError
 from .parsing import DEFAULT_LIMITS, Limits, ParsedAct, loads_json, parse_act
 from .tools import ToolCall, call_from_json
 
+#: ``act_tokens`` value that keeps every special token of a generated turn (the tokenizer's own parser reads them).
+ALL_SPECIAL_TOKENS = ("*",)
 #: ``name -> parameters schema`` of the tools the turn may call (``None``: no schemas known).
 Schemas = Callable[[str], Mapping[str, Any] | None]
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
@@ -131,13 +134,21 @@ class _Calls:
         return ParsedAct(self.text, content.strip(), tuple(self.calls))
 
 
-def _typed_value(raw: str, schema: Mapping[str, Any] | None, limits: Limits) -> Any:
-    """An XML-written argument value: text where the schema wants a string, else JSON when it parses."""
+def _typed_value(raw: str, schema: Mapping[str, Any] | None, limits: Limits) -> tuple[Any, ToolError | None]:
+    """An XML-written argument value: text where the schema wants a string, else JSON when it parses; a value
+    past ``max_json_chars`` or ``max_json_depth`` is ``LIMIT_EXCEEDED``, as a JSON call's would be."""
+    if len(raw) > limits.max_json_chars:
+        return None, ToolError(ErrorCode.LIMIT_EXCEEDED, f"an argument of {len(raw)} characters exceeds the limit "
+                               f"of {limits.max_json_chars}", {"limit": "max_json_chars", "value": len(raw)})  # fmt: skip
     kind = schema.get("type") if isinstance(schema, Mapping) else None
     if kind == "string" or (isinstance(kind, list) and kind == ["string"]):
-        return raw
-    value, error = loads_json(raw, limits) if raw.strip() else (None, True)
-    return raw if error is not None else value
+        return raw, None
+    if not raw.strip():
+        return raw, None
+    value, error = loads_json(raw, limits)
+    if error is not None and error.code is ErrorCode.LIMIT_EXCEEDED:
+        return None, error
+    return (raw, None) if error is not None else (value, None)
 
 
 def _xml_args(name: str, pairs: list[tuple[str, str]], schemas: Schemas | None, limits: Limits, calls: _Calls) -> bool:
@@ -149,7 +160,11 @@ def _xml_args(name: str, pairs: list[tuple[str, str]], schemas: Schemas | None, 
         if key in args:
             calls.error = ToolError(ErrorCode.INVALID_TOOL_CALL_FORMAT, f"argument {key!r} of {name!r} given twice")
             return False
-        args[key] = _typed_value(raw, properties.get(key) if isinstance(properties, Mapping) else None, limits)
+        value, error = _typed_value(raw, properties.get(key) if isinstance(properties, Mapping) else None, limits)
+        if error is not None:
+            calls.error = error
+            return False
+        args[key] = value
     return calls.add(call_from_json({"name": name.strip(), "arguments": args}))
 
 
@@ -178,20 +193,24 @@ def _blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[str], list[s
 # The formats
 # ----------------------------------------------------------------------------------------------------
 def _read_hermes(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-    return parse_act(_strip_think(text), limits)
+    return parse_act(text, limits)  # exactly the default model's parser
 
 
-_LLAMA_CALL = re.compile(r'^\s*(?:<\|python_tag\|>)?\s*[\[{]\s*(?:\{\s*)?"(?:name|type)"\s*:')
+def _read_qwen3(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
+    return parse_act(_strip_think(text), limits)  # Hermes calls after the thinking block
+
+
+_LLAMA_CALL = re.compile(r'[\[{]\s*(?:\{\s*)?"(?:name|type)"\s*:')
 
 
 def _read_llama3(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
     body = _strip_think(text).strip()
-    if not _LLAMA_CALL.match(body):
+    if not _LLAMA_CALL.match(body.removeprefix("<|python_tag|>").lstrip()):
         if "<|python_tag|>" in body:
             return _bad(text, [], "<|python_tag|> must open a JSON tool call")
         return ParsedAct(text, body)  # a final answer
     calls = _Calls(text, limits)
-    calls.add_json(body.removeprefix("<|python_tag|>"))
+    calls.add_json(body.removeprefix("<|python_tag|>").lstrip())
     return calls.result("")
 
 
@@ -214,7 +233,29 @@ def _read_mistral(text: str, limits: Limits, schemas: Schemas | None) -> ParsedA
     return calls.result(head)
 
 
-_GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+def _tagged_pairs(text: str, key: tuple[str, str], value: tuple[str, str]) -> list[tuple[str, str]] | None:
+    """``<k>…</k> <v>…</v>`` pairs read left to right in one pass (no backtracking regex), with nothing but
+    whitespace between them; ``None`` when the text is not exactly that."""
+    pairs, pos = [], 0
+    while True:
+        rest = text[pos:].lstrip()
+        if not rest:
+            return pairs
+        pos = len(text) - len(rest)
+        if not rest.startswith(key[0]):
+            return None
+        k_end = text.find(key[1], pos)
+        if k_end == -1:
+            return None
+        after = text[k_end + len(key[1]) :].lstrip()
+        v_start = len(text) - len(after)
+        if not after.startswith(value[0]):
+            return None
+        v_end = text.find(value[1], v_start)
+        if v_end == -1:
+            return None
+        pairs.append((text[pos + len(key[0]) : k_end], text[v_start + len(value[0]) : v_end]))
+        pos = v_end + len(value[1])
 
 
 def _read_glm45(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
@@ -223,10 +264,11 @@ def _read_glm45(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct
         return _bad(text, [], error)
     calls = _Calls(text, limits)
     for body in bodies:
-        name, _, rest = body.partition("<arg_key>")
-        rest = "<arg_key>" + rest if _ else ""
-        pairs = _GLM_PAIR.findall(rest)
-        if _GLM_PAIR.sub("", rest).strip():
+        name, found, rest = body.partition("<arg_key>")
+        pairs = _tagged_pairs(
+            "<arg_key>" + rest if found else "", ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>")
+        )
+        if pairs is None:
             return _bad(text, calls.calls, "text between <arg_key>/<arg_value> pairs of a tool call")
         if not name.strip() or "\n" in name.strip():
             return _bad(text, calls.calls, "a <tool_call> block must start with the tool name")
@@ -235,25 +277,46 @@ def _read_glm45(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct
     return calls.result("".join(content))
 
 
-_QWEN_FUNCTION = re.compile(r"^\s*<function=([^>\n]+)>(.*)</function>\s*$", re.S)
-_QWEN_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
-
-
 def _read_qwen3_xml(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
     content, bodies, error = _blocks(_strip_think(text), "<tool_call>", "</tool_call>")
     if error:
         return _bad(text, [], error)
     calls = _Calls(text, limits)
     for body in bodies:
-        match = _QWEN_FUNCTION.match(body)
-        if match is None:
+        inner = body.strip()
+        head_end = inner.find(">")
+        if not inner.startswith("<function=") or head_end == -1 or not inner.endswith("</function>"):
             return _bad(text, calls.calls, "a <tool_call> block must hold one <function=name>…</function>")
-        name, inner = match.groups()
-        if _QWEN_PARAM.sub("", inner).strip():
+        name = inner[len("<function=") : head_end]
+        if not name.strip() or "\n" in name:
+            return _bad(text, calls.calls, "a <function=…> tag must name the tool")
+        pairs = _parameters(inner[head_end + 1 : -len("</function>")])
+        if pairs is None:
             return _bad(text, calls.calls, f"text outside <parameter=…> tags in the call of {name.strip()!r}")
-        if not _xml_args(name, _QWEN_PARAM.findall(inner), schemas, limits, calls):
+        if not _xml_args(name, pairs, schemas, limits, calls):
             break
     return calls.result("".join(content))
+
+
+def _parameters(text: str) -> list[tuple[str, str]] | None:
+    """``<parameter=k>\nv\n</parameter>`` pairs in one left-to-right pass; ``None`` on anything else."""
+    pairs, pos = [], 0
+    while True:
+        rest = text[pos:].lstrip()
+        if not rest:
+            return pairs
+        pos = len(text) - len(rest)
+        head_end = text.find(">", pos)
+        end = text.find("</parameter>", pos)
+        if not rest.startswith("<parameter=") or head_end == -1 or end == -1 or head_end > end:
+            return None
+        key = text[pos + len("<parameter=") : head_end]
+        if "\n" in key:
+            return None
+        value = text[head_end + 1 : end]
+        value = value[1:] if value.startswith("\n") else value
+        pairs.append((key, value[:-1] if value.endswith("\n") else value))
+        pos = end + len("</parameter>")
 
 
 _HARMONY_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
@@ -272,7 +335,12 @@ def _read_gptoss(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAc
         head_end = body_text.find("<|message|>", pos)
         if head_end == -1:
             return _bad(text, calls.calls, "a harmony message header without <|message|>")
-        header = body_text[pos:head_end].removeprefix("<|start|>assistant")
+        header = body_text[pos:head_end]
+        if header.startswith("<|start|>") and not header.startswith("<|start|>assistant"):
+            return _bad(text, calls.calls, "a harmony message must be the assistant's (<|start|>assistant)")
+        header = header.removeprefix("<|start|>assistant")
+        if "<|start|>" in header or "<|end|>" in header:
+            return _bad(text, calls.calls, "a harmony message header holds another message's tokens")
         start = head_end + len("<|message|>")
         end = _HARMONY_END.search(body_text, start)
         stop = end.start() if end else len(body_text)
@@ -282,6 +350,8 @@ def _read_gptoss(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAc
             target = recipient.group(1)
             if not target.startswith("functions."):
                 return _bad(text, calls.calls, f"unknown recipient {target[:80]!r}; tools are functions.<name>")
+            if calls.calls:  # the template names every tool result after the turn's first call
+                return _bad(text, calls.calls, "the gpt-oss format makes one tool call per turn")
             if not calls.add_named(target[len("functions.") :], message):
                 break
         elif "<|channel|>" not in header:
@@ -298,7 +368,6 @@ def _read_gptoss(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAc
 
 
 _DS = {k: f"<｜tool▁{k}｜>" for k in ("calls▁begin", "calls▁end", "call▁begin", "call▁end", "sep")}
-_DS_FENCE = re.compile(r"^\s*([^\n]+)\n```(?:json)?\n(.*?)\n```\s*$", re.S)
 
 
 def _read_deepseekv3(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
@@ -321,10 +390,12 @@ def _read_deepseekv3(text: str, limits: Limits, schemas: Schemas | None) -> Pars
         kind, sep, call = block.partition(_DS["sep"])
         if not sep:
             return _bad(text, calls.calls, f"a tool call without {_DS['sep']}")
-        if kind.strip() == "function" and (match := _DS_FENCE.match(call)):  # V3: type, name, fenced JSON
-            name, args = match.groups()
-        elif kind.strip() == "function":
-            return _bad(text, calls.calls, "a tool call must give its name, then its arguments in a ```json fence")
+        if kind.strip() == "function":  # V3: the type, then the name and the arguments in a ```json fence
+            name, _, fenced = call.lstrip().partition("\n")
+            fenced = fenced.strip()
+            if not (name.strip() and fenced.startswith("```") and fenced.endswith("```") and len(fenced) >= 6):
+                return _bad(text, calls.calls, "a tool call must give its name, then its arguments in a ```json fence")
+            args = fenced[3:-3].removeprefix("json")
         else:  # V3.1: name<｜tool▁sep｜>arguments
             name, args = kind, call
         if not calls.add_named(name, args):
@@ -336,6 +407,7 @@ FORMATS: dict[str, ToolCallFormat] = {
     f.name: f
     for f in (
         ToolCallFormat("hermes", _read_hermes, marks=("<tool_call>",)),
+        ToolCallFormat("qwen3", _read_qwen3, _TAGS, marks=("<tool_call>", "<think>")),
         ToolCallFormat(
             "llama3_json", _read_llama3, ("<|python_tag|>",), marks=('"parameters": dictionary of argument name',)
         ),
@@ -351,7 +423,12 @@ FORMATS: dict[str, ToolCallFormat] = {
         ToolCallFormat(
             "gptoss",
             _read_gptoss,
-            ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"),
+            (
+                "<|end|><|start|>assistant",
+                "<|channel|>",
+                "<|message|>",
+                "<|constrain|>",
+            ),  # <|start|> only as the assistant's
             marks=("<|channel|>",),
             turn_ends=("<|end|>",),
         ),
@@ -359,20 +436,27 @@ FORMATS: dict[str, ToolCallFormat] = {
     )
 }
 # Checked in this order: the more specific marks first (a GLM or Qwen3.5 template also holds "<tool_call>").
-_DETECTION_ORDER = ("gptoss", "deepseekv3", "glm45", "qwen3_xml", "mistral", "llama3_json", "hermes")
+_DETECTION_ORDER = ("gptoss", "deepseekv3", "glm45", "qwen3_xml", "mistral", "llama3_json", "qwen3", "hermes")
 
 
-def response_parser_format(tokenizer: Any, prefix: str = "") -> ToolCallFormat:
+def response_parser_format(tokenizer: Any, prefix: str = "", ends: tuple[str, ...] = ()) -> ToolCallFormat:
     """A format that reads Act turns with the tokenizer's own ``parse_response`` (its ``response_template`` or
     ``response_schema``), wrapped in the typed-error contract. ``prefix`` is the text that opens an assistant turn,
-    which a response template anchors on."""
+    which a response template anchors on; ``ends`` are the turn's possible end tokens, tried after the text when
+    it ends with none (a template may close a call with one, as Llama's does with ``<|eot_id|>``)."""
 
     def read(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-        try:
-            kwargs = {"prefix": prefix} if getattr(tokenizer, "response_template", None) is not None else {}
-            message = tokenizer.parse_response(text, **kwargs)
-        except Exception as exc:  # the parser's own failure on model text is a malformed turn, never a crash
-            return _bad(text, [], f"the tokenizer's response parser failed: {type(exc).__name__}: {exc}")
+        kwargs = {"prefix": prefix} if getattr(tokenizer, "response_template", None) is not None else {}
+        tries = [text] if text.endswith(ends) or not ends else [text, *(text + end for end in ends)]
+        message, failure = None, None
+        for candidate in tries:
+            try:
+                message = tokenizer.parse_response(candidate, **kwargs)
+                break
+            except Exception as exc:  # the parser's own failure on model text is a malformed turn, never a crash
+                failure = exc
+        if message is None:
+            return _bad(text, [], f"the tokenizer's response parser failed: {type(failure).__name__}: {failure}")
         if not isinstance(message, Mapping):
             return _bad(text, [], "the tokenizer's response parser returned no message")
         calls = _Calls(text, limits)
@@ -387,7 +471,7 @@ def response_parser_format(tokenizer: Any, prefix: str = "") -> ToolCallFormat:
         content = message.get("content")
         return calls.result(content if isinstance(content, str) else "")
 
-    return ToolCallFormat("response_parser", read)
+    return ToolCallFormat("response_parser", read, ALL_SPECIAL_TOKENS)
 
 
 def _json_text(value: Any) -> str:
@@ -408,7 +492,9 @@ def detect_format(chat_template: str | None) -> ToolCallFormat:
     return FORMATS["hermes"]
 
 
-def tool_call_format(tokenizer: Any, name: str | ToolCallFormat | None = None, prefix: str = "") -> ToolCallFormat:
+def tool_call_format(
+    tokenizer: Any, name: str | ToolCallFormat | None = None, prefix: str = "", ends: tuple[str, ...] = ()
+) -> ToolCallFormat:
     """The format a tokenizer's model writes tool calls in: ``name`` when given (a built-in name,
     ``"response_parser"`` or a :class:`ToolCallFormat`), else the tokenizer's ``parse_response`` when it has a
     response template or schema, else the one its chat template shows (:func:`detect_format`)."""
@@ -419,7 +505,7 @@ def tool_call_format(tokenizer: Any, name: str | ToolCallFormat | None = None, p
     ):
         if not (getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)):
             raise PolicyError("tool_call_format='response_parser' needs a tokenizer with a response_template")
-        return response_parser_format(tokenizer, prefix)
+        return response_parser_format(tokenizer, prefix, ends)
     if name is not None:
         if name not in FORMATS:
             raise PolicyError(f"unknown tool_call_format {name!r}; choose from {sorted(FORMATS)} or 'response_parser'")

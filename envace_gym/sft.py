@@ -68,9 +68,11 @@ def sft_rows(
             continue
         episode = Episode(dom, task, config, tokenizer, np.random.default_rng(0), act_max_new_tokens=0)  # text turns
         for turn in task.reference:
-            action = episode.reference_action(turn)  # the model family's own call syntax, through its end token
-            if "act" in roles:
-                rows.append(_row(episode.prompt_ids, chat.encode(action), "act", task.id))
+            action = episode.reference_action(turn)  # the model family's own call syntax
+            if "act" in roles:  # the row, as the episode tokenizes the text turn, through the turn's end token
+                rows.append(
+                    _row(episode.prompt_ids, chat.encode(action + chat.act_end(bool(turn.calls))), "act", task.id)
+                )
             if "rehearse" in roles:
                 for call, result in zip(turn.calls, turn.results, strict=True):
                     if result is None:  # no recorded result to teach (benchmarks that only judge calls)
@@ -78,7 +80,7 @@ def sft_rows(
                     answer = f"{json.dumps(result, ensure_ascii=False)}\n{RESULT_CLOSE}"
                     if not rehearsal.prefill:
                         answer = f"{RESULT_OPEN}\n{answer}"
-                    prompt = episode.rehearse_prompt(call, chat.strip_end(action))
+                    prompt = episode.rehearse_prompt(call, action)
                     rows.append(_row(prompt, chat.encode(answer + chat.act_end(False)), "rehearse", task.id))
             outcome = _play(episode.step(action))
             if outcome.terminated or outcome.truncated:
