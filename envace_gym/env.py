@@ -92,7 +92,7 @@ class RehearsalEnv(gym.Env[str, str]):
       in the context guard).
     * ``rehearsal``: :class:`RehearsalConfig` of the Rehearse role.
     * ``limits``: :class:`Limits` on Act turns and JSON.
-    * ``tool_call_format``: how Act turns write tool calls (``"hermes"``, ``"llama3_json"``, ``"mistral"``,
+    * ``tool_call_format``: how Act turns write tool calls (``"hermes"``, ``"qwen3"``, ``"llama3_json"``, ``"mistral"``,
       ``"glm45"``, ``"qwen3_xml"``, ``"gptoss"``, ``"deepseekv3"``, ``"response_parser"``); ``None`` (default)
       finds it from the policy's tokenizer (docs/environment.md, "Model families").
     * ``domain_kwargs``: passed to the domain factory (e.g. ``{"num_tasks": {"train": 50}}``).
