@@ -235,26 +235,27 @@ def _read_mistral(text: str, limits: Limits, schemas: Schemas | None) -> ParsedA
 
 def _tagged_pairs(text: str, key: tuple[str, str], value: tuple[str, str]) -> list[tuple[str, str]] | None:
     """``<k>…</k> <v>…</v>`` pairs read left to right in one pass (no backtracking regex), with nothing but
-    whitespace between them; ``None`` when the text is not exactly that."""
+    whitespace between them (``value``'s opening may be empty: the value starts right after the key's close);
+    ``None`` when the text is not exactly that."""
     pairs, pos = [], 0
     while True:
         rest = text[pos:].lstrip()
         if not rest:
             return pairs
         pos = len(text) - len(rest)
-        if not rest.startswith(key[0]):
+        k_end = text.find(key[1], pos + len(key[0]))
+        if not rest.startswith(key[0]) or k_end == -1:
             return None
-        k_end = text.find(key[1], pos)
-        if k_end == -1:
-            return None
-        after = text[k_end + len(key[1]) :].lstrip()
-        v_start = len(text) - len(after)
-        if not after.startswith(value[0]):
-            return None
+        v_start = k_end + len(key[1])
+        if value[0]:
+            after = text[v_start:].lstrip()
+            if not after.startswith(value[0]):
+                return None
+            v_start = len(text) - len(after) + len(value[0])
         v_end = text.find(value[1], v_start)
         if v_end == -1:
             return None
-        pairs.append((text[pos + len(key[0]) : k_end], text[v_start + len(value[0]) : v_end]))
+        pairs.append((text[pos + len(key[0]) : k_end], text[v_start:v_end]))
         pos = v_end + len(value[1])
 
 
@@ -299,24 +300,11 @@ def _read_qwen3_xml(text: str, limits: Limits, schemas: Schemas | None) -> Parse
 
 
 def _parameters(text: str) -> list[tuple[str, str]] | None:
-    """``<parameter=k>\nv\n</parameter>`` pairs in one left-to-right pass; ``None`` on anything else."""
-    pairs, pos = [], 0
-    while True:
-        rest = text[pos:].lstrip()
-        if not rest:
-            return pairs
-        pos = len(text) - len(rest)
-        head_end = text.find(">", pos)
-        end = text.find("</parameter>", pos)
-        if not rest.startswith("<parameter=") or head_end == -1 or end == -1 or head_end > end:
-            return None
-        key = text[pos + len("<parameter=") : head_end]
-        if "\n" in key:
-            return None
-        value = text[head_end + 1 : end]
-        value = value[1:] if value.startswith("\n") else value
-        pairs.append((key, value[:-1] if value.endswith("\n") else value))
-        pos = end + len("</parameter>")
+    """``<parameter=k>\nv\n</parameter>`` pairs (one line break trimmed at each end of a value), or ``None``."""
+    pairs = _tagged_pairs(text, ("<parameter=", ">"), ("", "</parameter>"))
+    if pairs is None or any("\n" in k or "<" in k for k, _ in pairs):
+        return None
+    return [(k, v.removeprefix("\n").removesuffix("\n")) for k, v in pairs]
 
 
 _HARMONY_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
