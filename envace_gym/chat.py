@@ -70,6 +70,8 @@ class ChatFormat:
         self.end_texts = tuple(dict.fromkeys(t for t in ends if t))
         self._head = self.render(_DUMMY[:2], add_generation_prompt=True)  # up to an assistant turn's opening
         self._tool_pieces: dict[tuple[str, ...], tuple[str, list[str]]] = {}
+        self._before: dict[tuple[str, ...], str] = {}  # suffix callers pass calls by name only (arguments {})
+        self._kept: dict[tuple[str, ...], frozenset[int]] = {}
         call = {"type": "function", "function": {"name": "t", "arguments": {}}}
         self.suffix([{"role": "tool", "name": "t", "content": "r"}], [call])  # fails here, clearly, on a template
         # that cannot grow by a tool turn; a user turn is checked by an episode that has one (user_turns_ok)
@@ -158,8 +160,11 @@ class ChatFormat:
         tokens a tool-call format writes calls with, such as Mistral's ``[TOOL_CALLS]``)."""
         if "*" in keep:  # the tokenizer's own parser reads the turn as generated, end token included
             return self.decode(ids)
-        kept = {i for i in self.special_ids if any(self.tokenizer.convert_ids_to_tokens(i) in k for k in keep)}
-        return self.decode([i for i in ids if i not in self.special_ids or i in kept])
+        key = tuple(keep)
+        if key not in self._kept:  # once per format, not per turn
+            token = self.tokenizer.convert_ids_to_tokens
+            self._kept[key] = frozenset(i for i in self.special_ids if any(token(i) in k for k in keep))
+        return self.decode([i for i in ids if i not in self.special_ids or i in self._kept[key]])
 
     def strip_end(self, text: str) -> str:
         """``text`` without a trailing end-of-turn token (a reference Act text carries one)."""
@@ -209,7 +214,10 @@ class ChatFormat:
         after it through ``messages`` to the next assistant turn's opening (the generation prompt). ``calls``
         are the turn's tool calls in OpenAI form (some templates name the tool's author from them)."""
         base = [*_DUMMY[:2], self._assistant(calls)]
-        before = self.render(base, add_generation_prompt=False)
+        names = tuple(c["function"]["name"] for c in calls)  # all the templates see of the calls here
+        if names not in self._before:  # rendered once per call names, not every turn
+            self._before[names] = self.render(base, add_generation_prompt=False)
+        before = self._before[names]
         full = self.render([*base, *messages], add_generation_prompt=True)
         if not full.startswith(self._user_head):
             raise PolicyError("the chat template rendered an earlier turn differently once later ones were added")

@@ -34,7 +34,7 @@ from typing import Any
 from .domains import SPLITS, Domain, ReferenceTurn, RewardResult, Task, Trajectory, score_expected, stable_hash
 from .errors import DomainError, EnvACEError
 from .formats import FORMATS
-from .parsing import call_key
+from .parsing import call_key, canonical_json
 from .text import strict_loads
 from .tools import ToolCall, ToolRegistry, call_from_json
 
@@ -354,6 +354,7 @@ class DatasetDomain(Domain):
         self._reward = reward
         self._test_cut = int(test_fraction * 10_000)
         self._registries: dict[str, ToolRegistry] = {}
+        self._compiled: dict[str, ToolRegistry] = {}  # tool list (canonical JSON) → its registry
         self._splits: dict[str, list[Task]] = {s: [] for s in SPLITS}
         self.skipped: list[tuple[int, str]] = []  # (row index, reason) of every row left out
         for index, row in enumerate(load_rows(source)):
@@ -384,7 +385,10 @@ class DatasetDomain(Domain):
         tools = parsed["tools"]
         if not isinstance(tools, list):
             raise _RowError("the tools must be a list of schemas")
-        registry = ToolRegistry(tools)  # a schema that does not compile raises SchemaError here
+        # Rows of one dataset mostly share their tool list: compile each distinct list once (a schema that does not
+        # compile raises SchemaError here).
+        key = canonical_json(tools)
+        registry = self._compiled.get(key) or self._compiled.setdefault(key, ToolRegistry(tools))
         for turn in parsed["reference"]:
             for call in turn.calls:
                 if call.name not in registry:

@@ -23,6 +23,7 @@ JSON Schema decides (a parameter typed ``string`` keeps the text, any other is r
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -463,8 +464,6 @@ def response_parser_format(tokenizer: Any, prefix: str = "", ends: tuple[str, ..
 
 
 def _json_text(value: Any) -> str:
-    import json
-
     try:
         return json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):
