@@ -13,7 +13,7 @@ import argparse
 from transformers import AutoTokenizer
 
 from envace_gym import make_domain
-from envace_gym.models import ensure_default_model
+from envace_gym.policy.default_model import ensure_default_model
 from envace_gym.rollout import collect_rollouts
 from envace_gym.testing import ScriptedPolicy
 

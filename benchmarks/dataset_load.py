@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from envace_gym.dataset_domain import DatasetDomain
+from envace_gym.domains import DatasetDomain
 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "openai.jsonl"
 

@@ -11,9 +11,8 @@ import argparse
 import time
 
 from envace_gym.domains import make_domain
-from envace_gym.planning import PlannerConfig, RehearsalPlanner
 from envace_gym.policy import SamplingParams, make_policy
-from envace_gym.rollout import collect_rollouts
+from envace_gym.rollout import PlannerConfig, RehearsalPlanner, collect_rollouts
 from envace_gym.testing import tiny_policy
 
 

@@ -7,6 +7,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from . import _moved
+from ._lazy import lazy_exports
 from .domains import (
     Domain,
     FolderDomain,
@@ -20,8 +24,7 @@ from .domains import (
     make_domain,
     register_domain,
 )
-from .env import RehearsalEnv
-from .episode import Episode, EpisodeConfig
+from .env.registration import REHEARSAL_ENV_ID, register_envs
 from .errors import (
     DefaultModelNotInstalledError,
     DomainError,
@@ -34,16 +37,35 @@ from .errors import (
     TrainingConfigError,
     UnknownToolError,
 )
-from .executors import ToolExecutor, ToolFailure, tool
-from .formats import ToolCallFormat, tool_call_format
-from .parsing import Limits, parse_act, parse_execution_result
-from .policy import Generation, Policy, SamplingParams, TransformersPolicy, make_policy
-from .registration import REHEARSAL_ENV_ID, register_envs
-from .simulator import RehearsalConfig
-from .tools import ToolCall, ToolRegistry, ToolSchema, ValidationResult
+from .parsing import Limits, ToolCallFormat, parse_act, parse_execution_result, tool_call_format
+from .policy import Generation, Policy, SamplingParams
+from .rehearsal import RehearsalConfig
+from .tools import ToolCall, ToolExecutor, ToolFailure, ToolRegistry, ToolSchema, ValidationResult, tool
 
 __version__ = "0.1.0"
 
+# What needs torch (the env, the episode, the transformers policy) loads on first use: `import envace_gym`
+# registers the ids and the domains without it, and the torch-free stages stay importable without torch.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "RehearsalEnv": ".env.rehearsal_env",
+        "Episode": ".episode.episode",
+        "EpisodeConfig": ".episode.types",
+        "TransformersPolicy": ".policy.transformers",
+        "make_policy": ".policy.factory",
+    },
+)
+
+if TYPE_CHECKING:
+    from .env.rehearsal_env import RehearsalEnv
+    from .episode.episode import Episode
+    from .episode.types import EpisodeConfig
+    from .policy.factory import make_policy
+    from .policy.transformers import TransformersPolicy
+
+
+_moved.install()
 register_envs()
 
 from .envs import register_builtin_domains  # noqa: E402  (after the core: domains build on it)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from envace_gym.cli import build_parser, main
-from envace_gym.demo import run_demo
+from envace_gym.recipes.demo import run_demo
 
 
 def test_domains_lists_the_builtins(capsys):
@@ -84,13 +84,13 @@ def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the mistake was reported")
 
-    import envace_gym.models
-    import envace_gym.testing
+    import envace_gym.policy.default_model
+    import envace_gym.policy.tiny
     from envace_gym.policy import TransformersPolicy
 
-    monkeypatch.setattr(envace_gym.models, "load_default_policy", refuse)
-    monkeypatch.setattr(envace_gym.models, "ensure_default_model", refuse)
-    monkeypatch.setattr(envace_gym.testing, "tiny_policy", refuse)
+    monkeypatch.setattr(envace_gym.policy.default_model, "load_default_policy", refuse)
+    monkeypatch.setattr(envace_gym.policy.default_model, "ensure_default_model", refuse)
+    monkeypatch.setattr(envace_gym.policy.tiny, "tiny_policy", refuse)
     monkeypatch.setattr(TransformersPolicy, "from_pretrained", refuse)
 
 

@@ -10,8 +10,7 @@ import pytest
 
 import envace_gym  # noqa: F401
 from envace_gym import DomainError, ToolCall
-from envace_gym.dataset_domain import DatasetDomain, reference_call_reward
-from envace_gym.domains import make_domain
+from envace_gym.domains import DatasetDomain, make_domain, reference_call_reward
 from envace_gym.testing import ScriptedPolicy
 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
@@ -125,7 +124,7 @@ def test_envace_eval_runs_on_a_dataset_file(capsys):
 
 
 def test_fidelity_on_a_dataset_compares_with_the_recorded_results():
-    from envace_gym.evaluate import evaluate
+    from envace_gym.evaluation import evaluate
 
     domain = make_domain(str(DATA / "openai.jsonl"))
     tasks = domain.tasks("train")[:2]
@@ -142,7 +141,7 @@ def test_fidelity_on_a_dataset_compares_with_the_recorded_results():
 
 
 def test_sft_rows_replay_a_dataset_from_its_recorded_results(tokenizer):
-    from envace_gym.sft import sft_rows
+    from envace_gym.training import sft_rows
 
     domain = make_domain(str(DATA / "openai.jsonl"))
     task = domain.task("desk/008")  # two parallel calls, then the answer

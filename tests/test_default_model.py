@@ -9,8 +9,9 @@ import gymnasium as gym
 import pytest
 
 import envace_gym  # noqa: F401
-from envace_gym import DefaultModelNotInstalledError, RehearsalConfig, SamplingParams, models
-from envace_gym.demo import run_demo
+from envace_gym import DefaultModelNotInstalledError, RehearsalConfig, SamplingParams
+from envace_gym.policy import default_model as models
+from envace_gym.recipes.demo import run_demo
 
 pytestmark = pytest.mark.default_model
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from envace_gym import models
-from envace_gym.cli import _parse_settings, build_parser
+from envace_gym.cli import build_parser
+from envace_gym.cli.main import _parse_settings
+from envace_gym.policy import default_model as models
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -105,8 +106,8 @@ def commands(block: Block) -> list[list[str]]:
 
 def check_envace(argv: list[str]) -> None:
     if argv[0] in ("train", "experiment"):
-        from envace_gym.experiment import ExperimentConfig
-        from envace_gym.train import TrainConfig
+        from envace_gym.recipes.experiment import ExperimentConfig
+        from envace_gym.recipes.train import TrainConfig
 
         _parse_settings(TrainConfig if argv[0] == "train" else ExperimentConfig, f"envace {argv[0]}", argv[1:])
     else:

@@ -22,8 +22,8 @@ from envace_gym import (
     register_domain,
     tool,
 )
-from envace_gym.parsing import canonical_json
 from envace_gym.testing import ScriptedPolicy
+from envace_gym.tools import canonical_json
 
 BUILTIN = ("units", "bank", "travel")
 
@@ -326,8 +326,10 @@ def test_domains_declared_by_installed_packages(tmp_path, monkeypatch):
         Path(LIBRARY_FILE).read_text() + "\nONE = LibraryDomain(num_tasks={'train': 1})\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(envace_gym.domains, "_FACTORIES", dict(envace_gym.domains._FACTORIES))  # leaves no trace
-    monkeypatch.setattr(envace_gym.domains, "_FROM_ENTRY_POINTS", set())
+    monkeypatch.setattr(
+        envace_gym.domains.registry, "_FACTORIES", dict(envace_gym.domains.registry._FACTORIES)
+    )  # leaves no trace
+    monkeypatch.setattr(envace_gym.domains.registry, "_FROM_ENTRY_POINTS", set())
     assert {"library-ep", "library-one"} <= set(list_domains())
     assert make_domain("library-ep", num_tasks={"train": 2}).name == "library"
     assert len(make_domain("library-one").tasks("train")) == 1  # an entry point may name an instance

@@ -230,8 +230,7 @@ def test_context_guard_truncates(tiny):
 
 
 def test_text_turns_reserve_nothing_and_one_that_does_not_fit_ends_the_episode_whole():
-    from envace_gym.batching import run_lockstep
-    from envace_gym.episode import Episode, EpisodeConfig
+    from envace_gym.episode import Episode, EpisodeConfig, run_lockstep
     from envace_gym.rollout import collect_rollouts
 
     domain = make_domain("bank")

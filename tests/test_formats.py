@@ -16,13 +16,12 @@ import torch
 
 import envace_gym  # noqa: F401
 from envace_gym import RehearsalConfig
-from envace_gym.chat import ChatFormat
 from envace_gym.domains import make_domain
+from envace_gym.episode import ChatFormat
 from envace_gym.errors import ErrorCode, PolicyError
-from envace_gym.formats import FORMATS, detect_format, tool_call_format
-from envace_gym.parsing import Limits
-from envace_gym.sft import sft_rows
+from envace_gym.parsing import FORMATS, Limits, detect_format, tool_call_format
 from envace_gym.testing import FAMILIES, ScriptedPolicy, oracle_policy, tiny_model, tiny_tokenizer
+from envace_gym.training import sft_rows
 
 TASK = "bank/042"  # one user turn; its first reference call is find_accounts(owner="Hugo Martin")
 
@@ -373,7 +372,7 @@ def test_the_conversation_is_token_exact_with_a_fresh_render(family):
 @pytest.mark.parametrize("family", ["llama3_1", "glm4moe", "gptoss", "deepseekv3"])
 def test_the_pure_torch_trainer_steps_on_each_layout(family):
     from envace_gym.policy import TransformersPolicy
-    from envace_gym.trainer import TrainerConfig, train
+    from envace_gym.training.trainer import TrainerConfig, train
 
     tok = tiny_tokenizer(family=family)
     policy = TransformersPolicy(tiny_model(tok, seed=1), tok)

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 import envace_gym  # noqa: F401
-from envace_gym.dataset_domain import DatasetDomain
-from envace_gym.domains import CallRecord, Trajectory, register_domain
+from envace_gym.domains import CallRecord, DatasetDomain, Trajectory, register_domain
+from envace_gym.domains.judge import ChecklistJudge, EndpointJudge, TransformersJudge, judge_prompt, read_verdict
 from envace_gym.errors import DomainError, ErrorCode, ToolError
-from envace_gym.judge import ChecklistJudge, EndpointJudge, TransformersJudge, judge_prompt, read_verdict
 from envace_gym.rollout import collect_rollouts
 from envace_gym.testing import ScriptedPolicy, tiny_model, tiny_policy, tiny_tokenizer
 
@@ -120,7 +119,7 @@ def test_the_in_process_backend_batches_an_episodes_items():
 
 def test_a_failed_judge_is_masked_in_rollouts_and_both_trainers(tmp_path):
     from envace_gym.integrations import trl as envace_trl
-    from envace_gym.trainer import TrainerConfig, train
+    from envace_gym.training.trainer import TrainerConfig, train
 
     register_domain("desk-judged", lambda: DatasetDomain(
         str(DATA / "envace.jsonl"), name="desk", reward=ChecklistJudge(Scripted(lambda p: "?"), retries=0)),
@@ -182,7 +181,7 @@ def _free_port() -> int:
 def test_the_endpoint_backend_scores_through_a_real_local_server(tmp_path):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    from envace_gym.judge import checklists_of, turn_transcripts
+    from envace_gym.domains.judge import checklists_of, turn_transcripts
 
     task = desk_task()
     transcripts = turn_transcripts(trajectory(task))
@@ -217,8 +216,8 @@ def test_the_endpoint_backend_scores_through_a_real_local_server(tmp_path):
 
 # -- checklists derived from references ----------------------------------------------------------------------
 def test_checklists_are_derived_from_the_reference_and_load_back(tmp_path, capsys):
-    from envace_gym.checklists import ChecklistReport, derive_checklists
     from envace_gym.cli import main
+    from envace_gym.domains.checklists import ChecklistReport, derive_checklists
 
     domain = DatasetDomain(str(DATA / "openai.jsonl"), name="desk")
     task = domain.task("desk/007")  # book_table, then get_weather after a second user turn
@@ -257,7 +256,7 @@ def test_judge_edges_mask_or_fail_never_pass():
     raising = ChecklistJudge(Raising(), retries=1)
     assert raising(task, trajectory(task)).score is None and raising.failures == 1
 
-    from envace_gym.judge import turn_transcripts
+    from envace_gym.domains.judge import turn_transcripts
 
     traj = trajectory(task)
     error = {"role": "user", "name": "", "content": '{"error_tool_call": {}}'}  # gpt-oss sends errors as user turns
@@ -266,7 +265,7 @@ def test_judge_edges_mask_or_fail_never_pass():
 
 
 def test_checklists_keep_the_answer_checks(tmp_path):
-    from envace_gym.checklists import write_checklists
+    from envace_gym.domains.checklists import write_checklists
 
     out = tmp_path / "c.jsonl"
     write_checklists(DatasetDomain(str(DATA / "openai.jsonl")), Scripted(lambda p: '["a fact"]'), out, progress=False)

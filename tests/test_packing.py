@@ -10,17 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from envace_gym import packing, precision
-from envace_gym.packing import (
-    build_tree,
-    completion_logprobs,
-    completion_scores,
-    packing_support,
-    plain_scores,
-    plan_packs,
-    tree_size,
-)
+from envace_gym.policy import precision
 from envace_gym.testing import tiny_model, tiny_policy, tiny_tokenizer
+from envace_gym.training import completion_logprobs, completion_scores, packing, packing_support, plan_packs
+from envace_gym.training.packing import build_tree, plain_scores, tree_size
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -193,7 +186,7 @@ def test_models_that_cannot_take_the_mask_fall_back_with_a_logged_reason(caplog)
 
     blind = IgnoresPositions(tiny_model(tok, seed=7))
     for model, reason in ((windowed, "sliding"), (blind, "differ")):
-        with caplog.at_level(logging.WARNING, logger="envace_gym.packing"):
+        with caplog.at_level(logging.WARNING, logger="envace_gym.training.packing"):
             assert reason in packing_support(model)
         assert "shared-prefix packing is off" in caplog.text and reason in caplog.text
         caplog.clear()
@@ -250,7 +243,7 @@ def test_trl_trainer_logprobs_and_gradients_equal_trls_own_forward(tiny_path, tm
 def test_sft_trainer_loss_and_gradients_equal_trls_own(tmp_path):
     from trl import SFTConfig, SFTTrainer
 
-    from envace_gym.sft import PackedSFTTrainer, sft_dataset
+    from envace_gym.training import PackedSFTTrainer, sft_dataset
 
     policy = tiny_policy(seed=8)
     dataset = sft_dataset("bank", policy.tokenizer, "train", 2)
@@ -282,7 +275,7 @@ def test_sft_trainer_loss_and_gradients_equal_trls_own(tmp_path):
 
 
 def test_task_grouped_sampler_keeps_each_tasks_rows_together_and_reshuffles_by_epoch():
-    from envace_gym.sft import TaskGroupedSampler
+    from envace_gym.training import TaskGroupedSampler
 
     groups = ["a", "a", "b", "c", "c", "c", "b"]
     sampler = TaskGroupedSampler(groups, seed=0)
@@ -300,7 +293,7 @@ def test_task_grouped_sampler_keeps_each_tasks_rows_together_and_reshuffles_by_e
 
 
 def test_custom_trainer_packed_and_plain_steps_agree():
-    from envace_gym.trainer import TrainerConfig, train
+    from envace_gym.training.trainer import TrainerConfig, train
 
     results = {}
     for packing_on in (True, False):

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from envace_gym import ErrorCode, Limits, ToolCall, parse_act, parse_execution_result
-from envace_gym.parsing import call_key, canonical_json, format_act
+from envace_gym.parsing import format_act
+from envace_gym.tools import call_key, canonical_json
 
 
 def block(obj) -> str:

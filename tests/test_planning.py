@@ -7,8 +7,7 @@ import pytest
 
 import envace_gym  # noqa: F401
 from envace_gym import SamplingParams, ToolCall, make_domain
-from envace_gym.planning import ASSESS_SYSTEM, PlannerConfig, PrivateRehearsal, RehearsalPlanner
-from envace_gym.rollout import collect_rollouts
+from envace_gym.rollout import ASSESS_SYSTEM, PlannerConfig, PrivateRehearsal, RehearsalPlanner, collect_rollouts
 from envace_gym.testing import ScriptedPolicy
 
 TASK = make_domain("bank").tasks("train")[0]

@@ -8,9 +8,9 @@ import torch
 
 import envace_gym  # noqa: F401
 from envace_gym import RehearsalConfig, SamplingParams, make_domain
+from envace_gym.env import RehearsalVectorEnv
 from envace_gym.rollout import collect_rollouts
 from envace_gym.testing import oracle_policy
-from envace_gym.vector import RehearsalVectorEnv
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
 REHEARSE_GREEDY = RehearsalConfig(max_new_tokens=12, temperature=0)
@@ -187,7 +187,7 @@ def test_inline_rows_mask_the_scaffolding():
 
 
 def test_progress_callbacks_count_every_unit_of_work(tiny):
-    from envace_gym.evaluate import evaluate
+    from envace_gym.evaluation import evaluate
 
     seen = []
     collect_rollouts(
@@ -211,7 +211,7 @@ def test_progress_callbacks_count_every_unit_of_work(tiny):
 
 
 def test_progress_bar_is_opt_in(tiny, capsys):
-    from envace_gym.evaluate import _pass_progress
+    from envace_gym.evaluation.evaluate import _pass_progress
 
     assert _pass_progress("my eval", 0, 2, 3, "episodes (real execution)") == "my eval: episodes (real execution)"
     collect_rollouts(tiny, "units", ["units/000"], act="reference", rehearsal=REHEARSE_GREEDY)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from envace_gym import SamplingParams
-from envace_gym.sessions import GenerationSession
+from envace_gym.policy import GenerationSession
 
 
 def close(a, b, tol=1e-4):
@@ -75,7 +75,7 @@ def test_a_policy_session_without_prefix_sharing_falls_back_to_plain_generation(
     """Third-party policies may offer ``session()`` with only ``generate``; fresh prompts then go to the policy."""
     import numpy as np
 
-    from envace_gym.batching import generate_batched
+    from envace_gym.episode import generate_batched
 
     class ContinuationsOnly:
         def generate(self, keys, prompts, params):

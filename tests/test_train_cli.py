@@ -46,7 +46,7 @@ def test_train_modes_write_model_metrics_and_curves(carded_tiny, tmp_path, mode)
 
 def test_curves_have_integer_steps_and_fixed_reward_range(tmp_path):
     pytest.importorskip("matplotlib")
-    from envace_gym.train import curves_figure, plot_curves
+    from envace_gym.recipes.train import curves_figure, plot_curves
 
     history = [{"step": s, "reward": 0.5 + 1e-4 * s, "success": 0.0, "loss": 1e-3 * s} for s in (1, 2, 3)]
     assert plot_curves(history, tmp_path / "curves.png", title="t") == str(tmp_path / "curves.png")
@@ -226,8 +226,8 @@ def test_lora_and_tensorboard(tiny_path, tmp_path):
 
 
 def test_sft_epochs_rule_unless_steps_is_set(tiny_path, tmp_path, capsys):
-    from envace_gym.sft import sft_dataset
     from envace_gym.testing import tiny_tokenizer
+    from envace_gym.training import sft_dataset
 
     rows = len(sft_dataset("units", tiny_tokenizer(), "train", 2))
     base = [
@@ -256,8 +256,8 @@ def test_sft_epochs_rule_unless_steps_is_set(tiny_path, tmp_path, capsys):
 
 
 def test_model_card_names_the_embedded_default_and_passes_a_card_on(tmp_path, monkeypatch, carded_tiny):
-    from envace_gym.model_card import DEFAULT_MODEL_HUB_ID, base_model_name
-    from envace_gym.models import default_model_dir
+    from envace_gym.policy.default_model import default_model_dir
+    from envace_gym.training.model_card import DEFAULT_MODEL_HUB_ID, base_model_name
 
     monkeypatch.setenv("ENVACE_CACHE_DIR", str(tmp_path / "cache"))
     default_model_dir().mkdir(parents=True)
@@ -268,7 +268,7 @@ def test_model_card_names_the_embedded_default_and_passes_a_card_on(tmp_path, mo
 
 
 def test_tasks_per_step_is_the_global_batch(monkeypatch):
-    from envace_gym.train import TrainConfig, _episodes_per_process
+    from envace_gym.recipes.train import TrainConfig, _episodes_per_process
 
     config = TrainConfig(tasks_per_step=4, group_size=4)
     assert _episodes_per_process(config) == 16
@@ -296,7 +296,7 @@ def test_fsdp_under_accelerate_is_refused_in_one_line(tiny_path, tmp_path):
 
 def test_reward_panel_widens_for_rewards_outside_zero_one():
     pytest.importorskip("matplotlib")
-    from envace_gym.train import curves_figure
+    from envace_gym.recipes.train import curves_figure
 
     fig = curves_figure([{"step": 1, "reward": 1.8}, {"step": 2, "reward": -0.4}])
     low, high = fig.axes[0].get_ylim()

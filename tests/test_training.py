@@ -10,15 +10,14 @@ import torch
 
 import envace_gym  # noqa: F401
 from envace_gym import make_domain
-from envace_gym.advantages import rolewise_advantages
 from envace_gym.episode import Row
 from envace_gym.errors import TrainingConfigError
-from envace_gym.evaluate import evaluate
+from envace_gym.evaluation import evaluate
 from envace_gym.integrations import trl as envace_trl
 from envace_gym.rollout import EpisodeResult, RolloutBatch, Sample
-from envace_gym.sft import run_sft, sft_rows
 from envace_gym.testing import ScriptedPolicy, tiny_policy
-from envace_gym.trainer import TrainerConfig, grpo_loss, train
+from envace_gym.training import TrainerConfig, grpo_loss, rolewise_advantages, run_sft, sft_rows
+from envace_gym.training.trainer import train
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 CPU = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False, save_strategy="no", seed=0)
@@ -192,7 +191,7 @@ def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path
 
 def test_trl_and_pure_torch_trainers_agree_on_a_batch_with_a_masked_episode(tiny_path, tmp_path, monkeypatch):
     """The same on-policy batch (one episode masked, the policy moved away from its reference so the KL term
-    counts) gives EnvACEGRPOTrainer's TRL loss and envace_gym.trainer's loss the same value and gradients."""
+    counts) gives EnvACEGRPOTrainer's TRL loss and envace_gym.training.trainer's loss the same value and gradients."""
     trainer = envace_trainer(tiny_path, tmp_path, beta=0.1)
     torch.manual_seed(0)
     with torch.no_grad():  # the policy has moved since the reference copy was taken

@@ -36,16 +36,20 @@ from accelerate.utils import gather, gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad, use_adapter
 
-from ..advantages import rolewise_advantages
-from ..domains import CallRecord, Domain, Task, Trajectory, make_domain
+from ..domains.domain import Domain
+from ..domains.registry import make_domain
+from ..domains.task import Task
+from ..domains.trajectory import CallRecord, Trajectory
 from ..errors import TrainingConfigError
-from ..model_card import BaseModelCardMixin
-from ..packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
-from ..policy import SamplingParams, TransformersPolicy
-from ..precision import resolve_dtype
-from ..rollout import RolloutBatch, collect_rollouts
-from ..simulator import RehearsalConfig
-from ..tools import ToolCall
+from ..policy.precision import resolve_dtype
+from ..policy.protocol import SamplingParams
+from ..policy.transformers import TransformersPolicy
+from ..rehearsal.prompt import RehearsalConfig
+from ..rollout.collector import RolloutBatch, collect_rollouts
+from ..tools.schema import ToolCall
+from ..training.advantages import rolewise_advantages
+from ..training.model_card import BaseModelCardMixin
+from ..training.packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -230,7 +234,7 @@ def _ended_row(episode: Any, stop_ids: Sequence[int]) -> Any:
 # ----------------------------------------------------------------------------------------------------
 class SharedPrefixMixin:
     """For a ``GRPOTrainer`` subclass: per-token log-probabilities (current policy, "old" and reference
-    passes alike) from the shared-prefix forward of :mod:`envace_gym.packing` instead of one padded batch.
+    passes alike) from the shared-prefix forward of :mod:`envace_gym.training.packing` instead of one padded batch.
 
     The rows of each call are packed into prefix trees of at most ``args.pack_tokens`` positions (default
     4096); a call with several packs recomputes each in the backward pass, so memory holds one pack's
@@ -299,7 +303,7 @@ def _grid(values: Sequence[torch.Tensor], width: int, device: torch.device) -> t
 class PackedGRPOConfig(GRPOConfig):
     """``GRPOConfig`` with the shared-prefix forward's two settings (read by :class:`SharedPrefixMixin`), and two
     defaults of its own: ``bf16`` unset means bfloat16 only where the hardware runs it faster
-    (:func:`envace_gym.precision.resolve_dtype`; TRL's default is ``True``, which on a CPU without native
+    (:func:`envace_gym.policy.precision.resolve_dtype`; TRL's default is ``True``, which on a CPU without native
     bfloat16 runs ~80x slower), and gradient checkpointing is off (TRL's default is on; the packs bound memory,
     ``activation_checkpointing=True`` lowers it further at some cost in time)."""
 
@@ -307,7 +311,7 @@ class PackedGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing (default: off)."}
     )
     shared_prefix: bool = field(
-        default=True, metadata={"help": "Encode the prefix that rows share once (exact; see envace_gym.packing)."}
+        default=True, metadata={"help": "Encode the prefix that rows share once (exact; see envace_gym.training.packing)."}
     )
     pack_tokens: int = field(
         default=DEFAULT_PACK_TOKENS,
@@ -351,7 +355,7 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
     use_bias_correction_kl: bool = field(
         default=False,
         metadata={
-            "help": "The paper's low-variance KL (k3), as envace_gym.trainer has it; TRL's default (True) multiplies "
+            "help": "The paper's low-variance KL (k3), as envace_gym.training.trainer has it; TRL's default (True) multiplies "
             "it by the importance ratio, which changes the KL gradient even on-policy."
         },
     )
@@ -471,7 +475,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
         prompts = [list(s.prompt_ids) for s in samples] + [[pad_id]] * pad_rows
         completions = [list(s.completion_ids) for s in samples] + [[pad_id]] * pad_rows
         # A masked episode (its verifier could not judge: reward None) trains nothing: its tokens leave the loss,
-        # its denominator and the KL term, as in envace_gym.trainer.
+        # its denominator and the KL term, as in envace_gym.training.trainer.
         trained = [list(s.mask) if s.reward is not None else [0] * len(s.mask) for s in samples] + [[0]] * pad_rows
         advantages = advantages + [0.0] * pad_rows
         if not samples:  # nothing was generated (cannot happen with a non-empty batch; keep TRL's contract)

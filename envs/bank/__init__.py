@@ -7,7 +7,7 @@ from typing import Any, Literal
 import numpy as np
 
 from envace_gym.domains import GeneratedDomain, ReferenceRecorder, Task
-from envace_gym.executors import ToolExecutor, ToolFailure, tool
+from envace_gym.tools import ToolExecutor, ToolFailure, tool
 
 PEOPLE = (
     "Ana Lima", "Ben Carter", "Chen Wei", "Dara Okafor", "Eva Novak", "Farid Haddad", "Grace Kim", "Hugo Martin",

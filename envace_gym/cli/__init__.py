@@ -1,0 +1,10 @@
+"""The ``envace`` command."""
+
+from __future__ import annotations
+
+from .main import build_parser, main
+
+__all__ = [
+    "build_parser",
+    "main",
+]

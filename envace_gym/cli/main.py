@@ -1,0 +1,393 @@
+"""The ``envace`` command: ``demo``, ``train``, ``eval``, ``experiment``, ``bench``, ``checklists`` and ``domains``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it has none or already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default in (None, argparse.SUPPRESS) or action.default is False
+        if unset or not action.option_strings or "default" in text:
+            return text
+        default = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+        return f"{text} (default: {default})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that answers a mistake with one line saying where to look, not the usage block."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _parse_settings(cls: type, prog: str, argv: Sequence[str]) -> Any:
+    """A settings dataclass from flags and an optional ``--config`` YAML (TRL's parser: flags win); a mistake
+    (unknown flag, bad value, unreadable YAML) exits with one line before anything is loaded."""
+    import yaml
+    from trl import TrlParser
+
+    class Parser(TrlParser):
+        error = _Parser.error
+
+    parser = Parser(cls, prog=prog, formatter_class=_HelpFormatter)
+    # TrlParser reads --config itself before parsing; declared here too so that --help lists it.
+    parser.add_argument(
+        "--config", metavar="YAML", default=argparse.SUPPRESS,
+        help="a YAML file of these settings; flags given as well win",
+    )  # fmt: skip
+    argv = [part for a in argv for part in (a.split("=", 1) if a.startswith("--config=") else [a])]
+    if argv.count("--config") > 1 or (argv and argv[-1] == "--config"):  # TRL's reader takes one, with a path
+        parser.error("--config takes one YAML file: --config PATH")
+    try:
+        config, from_yaml, from_flags = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except yaml.YAMLError as exc:
+        parser.error(f"the --config file is not valid YAML: {' '.join(str(exc).split())}")
+    except (ValueError, OSError) as exc:  # a value a settings class refuses, or an unreadable file
+        parser.error(" ".join(str(exc).split()) or type(exc).__name__)
+    if from_flags:
+        parser.error(f"unrecognized arguments: {' '.join(from_flags)}")
+    if from_yaml:
+        parser.error(f"unknown settings in the --config file: {' '.join(map(str, from_yaml))}")
+    return config
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ..policy.transformers import check_model_source
+    from ..recipes.demo import run_demo
+
+    check_model_source(args.model)
+    run_demo(
+        domain=args.domain,
+        episodes=args.episodes,
+        act=args.act,
+        policy=args.model,
+        seed=args.seed,
+        on_invalid=args.on_invalid,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        rehearsal_mode=args.rehearsal_mode,
+    )
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ..policy.transformers import check_model_source
+    from ..recipes.bench import format_table, machine_line, run_bench
+
+    check_model_source(args.model)
+    if args.train:
+        return _bench_train(args)
+    sizes = (
+        dict(episodes=4, rehearsal_episodes=2, max_new_tokens=16, act_turns=2, turns=4, turn_episodes=4, act_tokens=16)
+        if args.quick
+        else {}
+    )
+    for name in ("episodes", "max_new_tokens", "turns"):
+        if getattr(args, name) is not None:
+            sizes[name] = getattr(args, name)
+    measures = run_bench(
+        model=args.model, domain=args.domain, seed=args.seed, log=lambda m: print(m, flush=True), **sizes
+    )
+    table = format_table(measures, f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}")
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(table + "\n")
+    return 0
+
+
+def _bench_train(args: argparse.Namespace) -> int:
+    from ..recipes.bench import format_table, machine_line
+    from ..recipes.bench_train import run_train_bench
+
+    quick = dict(sft_tasks=2, sft_steps=2, sft_batch_sizes=(2, 4), plain_rows=2, group_size=2, max_new_tokens=16)
+    sizes = quick if args.quick else {}
+    if args.max_new_tokens is not None:
+        sizes["max_new_tokens"] = args.max_new_tokens
+    measures = run_train_bench(
+        model=args.model, domain=args.domain, seed=args.seed, work_dir=args.work_dir,
+        log=lambda m: print(m, flush=True), **sizes,
+    )  # fmt: skip
+    header = f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}; training, float32"
+    table = format_table(measures, header)
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(table + "\n")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from ..domains.registry import make_domain
+    from ..evaluation.evaluate import evaluate
+    from ..policy.factory import make_policy
+    from ..policy.transformers import check_model_source
+    from ..rollout.planner import PlannerConfig
+
+    check_model_source(args.model)
+    domain = make_domain(args.domain)  # an unknown domain fails before the model loads
+    policy = make_policy(args.model)
+    runs = []
+    settings = [(None, 0)] if not args.rehearse else [(m, b) for m in args.rehearse for b in args.budget]
+    for mode, budget in settings:
+        planner = None
+        if mode is not None and budget > 0:
+            planner = PlannerConfig(budget=budget, mode=mode, horizon=args.horizon, max_new_tokens=args.max_new_tokens)
+        label = "plain acting" if planner is None else f"{mode}, N={budget}"
+        if mode is not None and budget == 0 and any(r[0] == "plain acting" for r in runs):
+            continue  # N=0 is plain acting, whatever the mode
+        result = evaluate(
+            policy, domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, fidelity=not args.no_fidelity and not runs, planner=planner,
+            seed=args.seed, progress=True,
+        )  # fmt: skip
+        runs.append(("plain acting" if planner is None else label, result))
+        if args.out:  # after every setting, so a long table interrupted midway keeps what it measured
+            _write_eval_json(args.out, runs)
+        if len(settings) > 1:
+            print(f"{label}: success {result.success_rate:.3f}, reward {result.mean_reward:.3f}", flush=True)
+    if len(runs) == 1:
+        result = runs[0][1]
+        print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, {result.executor} execution")
+        print(f"  success rate       {result.success_rate:.3f}")
+        print(f"  mean reward        {result.mean_reward:.3f}")
+        if result.masked_episodes:
+            print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them)")
+        if result.rehearsals:
+            print(f"  rehearsals         {result.rehearsals} (of reference calls)")
+            print(f"  parse              {result.parsed:.3f}")
+            print(f"  returns schema ok  {result.schema_ok:.3f}")
+            print(f"  equal to real      {result.equal_to_real:.3f}")
+    else:
+        print(
+            f"\n{runs[0][1].domain} / {runs[0][1].split}, {runs[0][1].episodes} episodes, {runs[0][1].executor} execution, model {args.model or 'default'}"
+        )
+        print(
+            "| private rehearsal | success rate | mean reward | real-executor calls | Act tokens | rehearsal tokens |"
+        )
+        print("|---|---|---|---|---|---|")
+        for label, r in runs:
+            print(
+                f"| {label} | {r.success_rate:.3f} | {r.mean_reward:.3f} | {r.real_calls} | {r.act_tokens} | {r.rehearsal_tokens} |"
+            )
+    return 0
+
+
+def _write_eval_json(path: str, runs: list[tuple[str, Any]]) -> None:
+    records = [{"setting": label, **r.to_dict()} for label, r in runs]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(records[0] if len(records) == 1 else records, f, indent=2)
+
+
+def _train(argv: Sequence[str]) -> int:
+    from ..recipes.train import TrainConfig, train
+
+    summary = train(_parse_settings(TrainConfig, "envace train", argv))
+    print(f"final model: {summary['final_model']}\nmetrics: {summary['metrics']}\ncurves: {summary['plot']}")
+    _end_distributed()
+    return 0
+
+
+def _end_distributed() -> None:
+    """Under ``accelerate launch``: let every process arrive, then close the process group, so no process
+    exits while gloo's threads still run (which aborts it at interpreter exit)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _experiment(argv: Sequence[str]) -> int:
+    from ..recipes.experiment import ExperimentConfig, run_experiment
+
+    run_experiment(_parse_settings(ExperimentConfig, "envace experiment", argv))
+    return 0
+
+
+def _checklists(args: argparse.Namespace) -> int:
+    from ..domains.checklists import write_checklists
+    from ..domains.judge import EndpointJudge, TransformersJudge
+    from ..domains.registry import make_domain
+    from ..errors import EnvACEError
+    from ..policy.transformers import check_model_source
+
+    if bool(args.base_url) != bool(args.judge_model):
+        raise EnvACEError("--base-url and --judge-model go together (an OpenAI-compatible endpoint and its model)")
+    if not args.base_url:
+        check_model_source(args.model)
+    domain = make_domain(args.domain)  # a bad dataset fails before the judge model loads
+    backend = (
+        EndpointJudge(args.base_url, args.judge_model) if args.base_url else TransformersJudge(args.model or "default")
+    )
+    report = write_checklists(domain, backend, args.out, splits=args.split)
+    print(
+        f"wrote {report.tasks} tasks to {args.out}: {report.call_items} call items, {report.fact_items} fact items; "
+        f"{len(report.fallbacks)} turn(s) where the judge's fact list was unreadable got one 'agrees with the "
+        "reference answer' item instead" + (f" (first: {report.fallbacks[0]})" if report.fallbacks else "")
+    )
+    return 0
+
+
+def _domains(args: argparse.Namespace) -> int:
+    from ..domains.registry import list_domains, make_domain
+    from ..errors import EnvACEError
+
+    for name in list_domains():
+        try:
+            domain = make_domain(name)
+            sizes = ", ".join(f"{len(domain.tasks(s))} {s}" for s in ("train", "test"))
+            print(f"{name:8s} {len(domain.tool_names()):3d} tools, {sizes} tasks  {domain.description}")
+        except EnvACEError as exc:  # a benchmark family whose data is not installed
+            print(f"{name:8s} not available: {exc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="envace", description="World rehearsal (EnvACE) for tool-using LLM agents.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="watch the policy rehearse a domain's tools next to the real ones")
+    demo.add_argument("--domain", default="bank", help="built-in domain name or domain folder")
+    demo.add_argument("--episodes", type=int, default=3, help="number of episodes")
+    demo.add_argument(
+        "--act", choices=["reference", "policy"], default="reference",
+        help="who writes the Act turns: the task's reference solution (default) or the policy",
+    )  # fmt: skip
+    demo.add_argument(
+        "--model",
+        default=None,
+        help="model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a random test model",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed of the first episode's task draw")
+    demo.add_argument(
+        "--on-invalid",
+        choices=["terminate", "feedback"],
+        default="feedback",
+        help="what an invalid call or rehearsal does (default: feedback, so every call is shown)",
+    )
+    demo.add_argument("--max-new-tokens", type=int, default=96, help="token budget per generation")
+    demo.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    demo.add_argument(
+        "--rehearsal-mode", choices=["separate", "inline"], default="separate",
+        help="separate: a fresh simulator prompt per call (the paper's, default); inline: the policy continues its own chat",
+    )  # fmt: skip
+    demo.set_defaults(func=_demo)
+
+    bench = sub.add_parser(
+        "bench", help="measure rollout speed against raw generation, or (--train) training speed (ratios, side by side)"
+    )
+    bench.add_argument(
+        "--model",
+        default=None,
+        help="model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a quick look",
+    )
+    bench.add_argument("--domain", default="bank", help="domain of the rollout measures (default: bank)")
+    bench.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes of the Act-turn workload (default: 16; the rehearsal workload uses 8)",
+    )
+    bench.add_argument(
+        "--max-new-tokens", type=int, default=None, help="token budget of Act turns and rehearsals (default: 48)"
+    )
+    bench.add_argument(
+        "--turns", type=int, default=None, help="turns of the long episodes in the turn-cost measure (default: 8)"
+    )
+    bench.add_argument(
+        "--train",
+        action="store_true",
+        help="measure training instead: the shared-prefix forward against the plain per-row forward (SFT, GRPO)",
+    )
+    bench.add_argument(
+        "--work-dir", default=None, help="--train: keep rollouts and results here, so a rerun resumes (default: none)"
+    )
+    bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the task draw and of generation")
+    bench.add_argument("--out", default=None, help="also write the table (markdown) to this file")
+    bench.set_defaults(func=_bench)
+
+    evaluate = sub.add_parser("eval", help="success rate with the real executor, and rehearsal fidelity")
+    evaluate.add_argument(
+        "--domain", default="bank", help="domain name, folder or dataset file (envace domains lists the names)"
+    )
+    evaluate.add_argument(
+        "--model", default=None,
+        help="model folder or hub id; default: the embedded SmolLM2-135M; 'tiny' for a random test model",
+    )  # fmt: skip
+    evaluate.add_argument("--split", default="test", choices=["train", "test"], help="which tasks to evaluate on")
+    evaluate.add_argument("--num-tasks", type=int, default=50, help="the first N tasks of the split")
+    evaluate.add_argument(
+        "--max-new-tokens", type=int, default=128, help="token budget of each Act turn and each rehearsal"
+    )
+    evaluate.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    evaluate.add_argument(
+        "--no-fidelity", action="store_true",
+        help="skip the rehearsal-fidelity pass (the reference calls rehearsed, compared with the real results)",
+    )  # fmt: skip
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the generation batches")
+    evaluate.add_argument(
+        "--rehearse", nargs="+", choices=["parallel", "sequential"], default=None,
+        help="rehearse privately before each committed Act turn (one or both modes)",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--budget", nargs="+", type=int, default=[2], help="N, rehearsals per committed turn (several: a table)"
+    )
+    evaluate.add_argument("--horizon", type=int, default=3, help="imagined Act turns per rehearsal")
+    evaluate.add_argument("--out", default=None, help="also write the result(s) as JSON")
+    evaluate.set_defaults(func=_eval)
+
+    sub.add_parser("train", help="train: sft, rehearsal (EnvACE) or real-tools (baseline); see 'envace train --help'")
+    sub.add_parser("experiment", help="the learning comparison behind docs/results.md; see 'envace experiment --help'")
+
+    checklists = sub.add_parser(
+        "checklists", help="derive checklists (calls to make, facts to tell) from a dataset's references, for review"
+    )
+    checklists.add_argument("--domain", required=True, help="a dataset file or folder, or any domain name")
+    checklists.add_argument("--out", required=True, help="the JSONL file to write (EnvACE-format rows)")
+    checklists.add_argument(
+        "--model", default=None,
+        help="judge model folder or hub id, in process; default: the embedded SmolLM2-135M; 'tiny' for a test",
+    )  # fmt: skip
+    checklists.add_argument(
+        "--base-url", default=None, help="an OpenAI-compatible endpoint instead, e.g. http://localhost:30000/v1"
+    )
+    checklists.add_argument("--judge-model", default=None, help="the endpoint's model name (with --base-url)")
+    checklists.add_argument(
+        "--split", nargs="+", choices=["train", "test"], default=["train", "test"], help="which tasks to write"
+    )
+    checklists.set_defaults(func=_checklists)
+
+    domains = sub.add_parser("domains", help="list the registered domains")
+    domains.set_defaults(func=_domains)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from ..errors import EnvACEError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in ("train", "experiment"):  # dataclass-driven, with --config YAML (TRL's parser)
+            return (_train if argv[0] == "train" else _experiment)(argv[1:])
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except EnvACEError as exc:
+        print(f"envace: error: {exc}", file=sys.stderr)
+        return 2
+

@@ -1,0 +1,83 @@
+"""Rewards: a score in [0, 1] with its named checks, and the expected-answer checks tasks declare."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..errors import DomainError
+from ..tools.canonical import call_key, canonical_json
+from ..tools.executor import ToolExecutor, replay
+from ..tools.schema import ToolCall
+from .task import Task
+from .trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A reward with its reasons. ``score`` ``None`` means the verifier could not judge (masked, not 0)."""
+
+    score: float | None
+    checks: Mapping[str, bool] = field(default_factory=dict)
+
+    @property
+    def success(self) -> bool:
+        """Every check passed, and the episode was scored (a masked one is never a success)."""
+        return self.score is not None and bool(self.checks) and all(self.checks.values())
+
+    @classmethod
+    def from_checks(cls, checks: Mapping[str, bool], weights: Mapping[str, float] | None = None) -> RewardResult:
+        """Checklist reward (docs/method.md): ``sum(weight * passed) / sum(weight)``."""
+        if not checks:
+            return cls(None, {})
+        w = {k: (weights or {}).get(k, 1.0) for k in checks}
+        total = sum(w.values())
+        return cls(sum(w[k] for k, ok in checks.items() if ok) / total if total else 0.0, dict(checks))
+
+
+_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def numbers_in(text: str) -> list[float]:
+    """Numbers written in ``text`` (``1,234.50`` → 1234.5)."""
+    out = []
+    for m in _NUMBER_RE.findall(text):
+        try:
+            out.append(float(m.replace(",", "")))
+        except ValueError:
+            continue
+    return out
+
+
+def score_expected(task: Task, trajectory: Trajectory, executor: ToolExecutor | None) -> RewardResult:
+    """The programmatic checklist every built-in domain uses, driven by ``task.expected``:
+
+    * ``"state"``: replaying the trajectory's valid calls into a fresh real executor ends in this state
+      (τ²-Bench's database check; rehearsed calls are replayed too, so rehearsal mode is scored on what
+      the agent *did*);
+    * ``"calls"``: these calls (canonical name + arguments) were all made;
+    * ``"answer_numbers"``: these numbers appear in the final answers (to 2 decimals);
+    * ``"answer_contains"``: these strings appear in the final answers (case-insensitive).
+    """
+    expected = task.expected
+    checks: dict[str, bool] = {}
+    if "state" in expected:
+        if executor is None:
+            raise DomainError(f"task {task.id} checks a final state but its domain has no real executor")
+        final = replay(executor, trajectory.valid_calls).snapshot()
+        checks["state"] = canonical_json(final) == canonical_json(expected["state"])
+    if "calls" in expected:
+        made = {call_key(c) for c in trajectory.valid_calls}
+        needed = [call_key(ToolCall(c["name"], c.get("arguments", {}))) for c in expected["calls"]]
+        checks["calls"] = all(k in made for k in needed)
+    answer = "\n".join(trajectory.answers)
+    if "answer_numbers" in expected:
+        found = [round(x, 2) for x in numbers_in(answer)]
+        checks["answer_numbers"] = all(
+            any(abs(f - round(float(n), 2)) <= 0.011 for f in found) for n in expected["answer_numbers"]
+        )
+    if "answer_contains" in expected:
+        low = answer.lower()
+        checks["answer_contains"] = all(str(s).lower() in low for s in expected["answer_contains"])
+    return RewardResult.from_checks(checks, expected.get("weights"))

@@ -1,0 +1,158 @@
+"""Tasks: the user turn(s), the tool whitelist, the reference trajectory and what the reward checks."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DomainError
+from ..parsing.act import format_act
+from ..tools.executor import ToolExecutor
+from ..tools.schema import ToolCall
+
+SPLITS = ("train", "test")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tasks
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReferenceTurn:
+    """One assistant turn of a reference solution: tool calls with their real results, or an answer."""
+
+    content: str = ""
+    calls: tuple[ToolCall, ...] = ()
+    results: tuple[Any, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The Act text that writes this turn."""
+        return format_act(self.content, self.calls)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"content": self.content, "calls": [c.to_json() for c in self.calls], "results": list(self.results)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReferenceTurn:
+        calls = tuple(ToolCall(c["name"], dict(c.get("arguments", {}))) for c in data.get("calls", ()))
+        return cls(data.get("content", ""), calls, tuple(data.get("results", ())))
+
+
+@dataclass(frozen=True)
+class Task:
+    """One episode's worth of work.
+
+    Attributes:
+        id: ``"<domain>/<split>/<index>"`` for generated tasks; any unique string otherwise.
+        domain: Name of the domain it belongs to.
+        prompt: The first user message.
+        split: ``"train"`` or ``"test"``.
+        user_turns: Scripted follow-up user messages, each sent after the agent's next final answer.
+        tools: The whitelist: names of the tools this task offers (empty: every tool of the domain).
+        reference: The reference solution as assistant turns, with the real results of its calls.
+        initial_state: The real executor's starting state.
+        expected: What the reward checks (see :func:`score_expected`).
+        system_prompt: Overrides the domain's system prompt for this task.
+    """
+
+    id: str
+    domain: str
+    prompt: str
+    split: str = "train"
+    user_turns: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    reference: tuple[ReferenceTurn, ...] = ()
+    initial_state: Mapping[str, Any] = field(default_factory=dict)
+    expected: Mapping[str, Any] = field(default_factory=dict)
+    system_prompt: str | None = None
+
+    def reference_pairs(self) -> list[tuple[ToolCall, Any]]:
+        """Every reference call with its real result, in order (calls whose result is unknown, ``None``, as
+        in benchmarks that only judge the calls, are left out)."""
+        return [
+            (c, r) for turn in self.reference for c, r in zip(turn.calls, turn.results, strict=True) if r is not None
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy (nothing shared with the task)."""
+        return copy.deepcopy(
+            {
+                "id": self.id,
+                "domain": self.domain,
+                "prompt": self.prompt,
+                "split": self.split,
+                "user_turns": list(self.user_turns),
+                "tools": list(self.tools),
+                "reference": [t.to_dict() for t in self.reference],
+                "initial_state": dict(self.initial_state),
+                "expected": dict(self.expected),
+                "system_prompt": self.system_prompt,
+            }
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], domain: str = "") -> Task:
+        try:
+            return cls(
+                id=str(data["id"]),
+                domain=data.get("domain", domain),
+                prompt=data["prompt"],
+                split=data.get("split", "train"),
+                user_turns=tuple(data.get("user_turns", ())),
+                tools=tuple(data.get("tools", ())),
+                reference=tuple(ReferenceTurn.from_dict(t) for t in data.get("reference", ())),
+                initial_state=data.get("initial_state", {}),
+                expected=data.get("expected", {}),
+                system_prompt=data.get("system_prompt"),
+            )
+        except (KeyError, TypeError) as exc:
+            raise DomainError(f"malformed task record {str(data)[:120]}: missing or bad {exc}") from exc
+
+
+class ReferenceRecorder:
+    """Writes a reference solution by running it on the real executor, so recorded results are real.
+
+    Example:
+        >>> rec = ReferenceRecorder(BankTools(state))
+        >>> acct = rec.call("find_account", owner="Ana Lima")        # runs it, records call + result
+        >>> rec.answer(f"Your balance is {acct['balance']:.2f} USD.")
+        >>> rec.turns                                                  # -> tuple of ReferenceTurn
+    """
+
+    def __init__(self, executor: ToolExecutor) -> None:
+        self.executor = executor
+        self._turns: list[ReferenceTurn] = []
+        self._pending: list[tuple[ToolCall, Any]] = []
+
+    def call(self, name: str, *, same_turn: bool = False, **arguments: Any) -> Any:
+        """Run and record one call. Each call is its own Act turn unless ``same_turn`` (parallel calls)."""
+        if not same_turn:
+            self.end_turn()
+        call = ToolCall(name, arguments)
+        result = self.executor.execute(call)
+        self._pending.append((call, result))
+        return result
+
+    def end_turn(self) -> None:
+        """Close the current turn of calls."""
+        if self._pending:
+            calls, results = zip(*self._pending, strict=True)
+            self._turns.append(ReferenceTurn("", tuple(calls), tuple(results)))
+            self._pending = []
+
+    def answer(self, text: str) -> None:
+        self.end_turn()
+        self._turns.append(ReferenceTurn(content=text))
+
+    @property
+    def turns(self) -> tuple[ReferenceTurn, ...]:
+        self.end_turn()
+        return tuple(self._turns)
+
+
+def stable_hash(text: str) -> int:
+    """A process-independent hash (Python's ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")

@@ -1,0 +1,271 @@
+"""``RehearsalEnv``: the policy as its own environment, behind Gymnasium's ``reset``/``step``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from ..domains.domain import Domain
+from ..domains.registry import make_domain
+from ..domains.task import Task
+from ..episode.driver import generate_batched, open_session, run_lockstep
+from ..episode.episode import Episode
+from ..episode.types import EpisodeConfig
+from ..errors import EnvACEError
+from ..parsing.act import DEFAULT_LIMITS, Limits
+from ..policy.factory import make_policy
+from ..policy.protocol import Generation, Policy, SamplingParams
+from ..rehearsal.prompt import RehearsalConfig
+from .spaces import ActText, AnyText
+
+DEFAULT_DOMAIN = "bank"
+MAX_OBSERVATION_CHARS = 1_000_000
+
+
+class RehearsalEnv(gym.Env[str, str]):
+    """
+    ## Description
+
+    World rehearsal (EnvACE): an agent solves a tool-use task, and the **same policy** that writes its
+    Act turns plays the environment: every tool call is validated against the domain's JSON Schemas, then
+    answered by the policy in the Rehearse role (a fresh prompt per call with the task's reference
+    executions as privileged context), by the domain's real executor, or by the reference results,
+    depending on ``executor``. The agent continues on whatever came back.
+
+    ## Action Space
+
+    :class:`~envace_gym.env.spaces.ActText`: the Act turn as the model wrote it, any text. Tool calls are
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (a JSON list inside one block is
+    allowed; ``"parameters"`` is an alias of ``"arguments"``). Text without a block is a final answer.
+
+    ## Observation Space
+
+    :class:`~envace_gym.env.spaces.AnyText`: the next Act prompt, rendered by the policy's chat template with
+    the task's tools. It is safe to tokenize: a special-token string that the conversation holds as plain
+    text is broken by a zero-width space, in the ids too, so tokenizing the observation gives the episode's
+    ids exactly when the Act turns were passed as text (``env.unwrapped.episode.prompt_ids`` are the ids
+    in any case). ``info["messages"]`` holds the same conversation as OpenAI-style messages.
+
+    ## Rewards
+
+    0 on every step but the last. At the end, the domain's reward over the trajectory (a checklist in
+    [0, 1]; see each domain). A malformed or invalid call, or a rehearsed ``error_tool_call``, ends the
+    episode with reward 0 when ``on_invalid="terminate"``. A verifier that cannot judge gives 0 with
+    ``info["reward_masked"] = True``.
+
+    ## Starting State
+
+    A task from ``options={"task": ...}`` (an id such as ``"bank/042"`` or a :class:`Task`), else one drawn
+    from the split with ``self.np_random``. The conversation starts with the domain's system prompt and
+    the task's first user message.
+
+    ## Episode End
+
+    Terminated: a final answer when no scripted user turn is left, or (``on_invalid="terminate"``) an
+    invalid call. Truncated: ``max_turns`` Act turns, ``max_user_turns`` user turns, or the next prompt
+    not fitting the policy's context.
+
+    ## Info
+
+    Per step: ``tool_calls`` (parsed), ``calls`` (each call's ``route`` — ``real``, ``cache`` or
+    ``rehearsal`` — result and typed ``error``), ``rehearsals`` (each rehearsal's ``prompt_ids``,
+    ``completion_ids``, ``logprobs``, text and verdict, to train the Rehearse role), ``act`` (the Act
+    turn's ids: generated ones with log-probs after :meth:`act`, else the tokenized action), ``error``,
+    ``messages``; at the end ``reward_checks``, ``success`` and ``reward_masked``.
+
+    ## Arguments
+
+    ```python
+    gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=None, executor="rehearsal")
+    ```
+
+    * ``domain``: a registered name (``"units"``, ``"bank"``, ``"travel"``, ...), a folder, or a Domain.
+    * ``policy``: ``None`` (the embedded SmolLM2-135M), ``"tiny"``, a path or hub id, a
+      ``(model, tokenizer)`` pair, or any :class:`~envace_gym.policy.Policy`. Loaded at the first reset;
+      with ``executor="real"`` and the default model only its tokenizer loads there, and the weights wait
+      for the first :meth:`act` (stepping given actions never needs them).
+    * ``executor``: ``"rehearsal"`` | ``"real"`` | ``"cached"`` | ``"mixed"`` (with ``p_real``).
+    * ``rehearsal_mode``: ``"separate"`` (a fresh prompt per call with privileged reference results, the
+      paper's) or ``"inline"`` (the policy writes the tool turn as a continuation of its own chat).
+    * ``split``: ``"train"`` or ``"test"`` tasks.
+    * ``on_invalid``: ``"terminate"`` or ``"feedback"``.
+    * ``max_turns``, ``max_user_turns``: episode limits.
+    * ``act_sampling``: :class:`SamplingParams` of :meth:`act` (its ``max_new_tokens`` is also reserved
+      in the context guard).
+    * ``rehearsal``: :class:`RehearsalConfig` of the Rehearse role.
+    * ``limits``: :class:`Limits` on Act turns and JSON.
+    * ``tool_call_format``: how Act turns write tool calls (``"hermes"``, ``"qwen3"``, ``"llama3_json"``, ``"mistral"``,
+      ``"glm45"``, ``"qwen3_xml"``, ``"gptoss"``, ``"deepseekv3"``, ``"response_parser"``); ``None`` (default)
+      finds it from the policy's tokenizer (docs/environment.md, "Model families").
+    * ``domain_kwargs``: passed to the domain factory (e.g. ``{"num_tasks": {"train": 50}}``).
+    * ``reuse_kv``: keep the conversation's KV cache between turns (:mod:`envace_gym.policy.sessions`), so a
+      turn encodes only its new tokens.
+    * ``render_mode``: ``"ansi"`` (returns the conversation) or ``"human"`` (prints it).
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(
+        self,
+        domain: str | Domain = DEFAULT_DOMAIN,
+        policy: Any = None,
+        executor: str = "rehearsal",
+        *,
+        rehearsal_mode: str = "separate",
+        split: str = "train",
+        on_invalid: str = "terminate",
+        p_real: float = 0.5,
+        max_turns: int | None = None,
+        max_user_turns: int = 30,
+        act_sampling: SamplingParams | None = None,
+        rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
+        limits: Limits | None = None,
+        tool_call_format: str | None = None,
+        domain_kwargs: Mapping[str, Any] | None = None,
+        reuse_kv: bool = True,
+        render_mode: str | None = None,
+    ) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.domain = make_domain(domain, **dict(domain_kwargs or {}))
+        if rehearsal is not None and not isinstance(rehearsal, RehearsalConfig):
+            rehearsal = RehearsalConfig(**rehearsal)
+        self.config = EpisodeConfig(
+            executor=executor,
+            rehearsal_mode=rehearsal_mode,
+            p_real=p_real,
+            on_invalid=on_invalid,
+            max_turns=max_turns,
+            max_user_turns=max_user_turns,
+            rehearsal=rehearsal or RehearsalConfig(),
+            limits=limits or DEFAULT_LIMITS,
+            tool_call_format=tool_call_format,
+        )
+        self.split = split
+        self.act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
+        self.render_mode = render_mode
+        self._policy_spec = policy
+        self._policy: Policy | None = None
+        self.reuse_kv = reuse_kv
+        self._session: Any = None
+        self.action_space = ActText(self.config.limits.max_action_chars, tuple(self.domain.tool_names()))
+        self.observation_space = AnyText(MAX_OBSERVATION_CHARS)
+        self._episode: Episode | None = None
+        self._act_generation: Generation | None = None
+
+    # -- policy ---------------------------------------------------------------------------------------
+    @property
+    def policy(self) -> Policy:
+        """The policy that rehearses (built from ``policy=`` on first use)."""
+        if self._policy is None:
+            self._policy = make_policy(self._policy_spec)
+        return self._policy
+
+    @property
+    def session(self) -> Any:
+        """The KV-reusing generation session of this env's conversation (``None`` when off or unsupported)."""
+        if self._session is None and self.reuse_kv:
+            self._session = open_session(self.policy)
+        return self._session
+
+    def _weights_deferred(self) -> bool:
+        """``executor="real"`` with the default model: episodes need only its tokenizer until :meth:`act` (or
+        a caller's generation) asks for the weights, so stepping given actions never loads them."""
+        return self._policy is None and self._policy_spec in (None, "default") and self.config.executor == "real"
+
+    def _tokenizer_and_context(self) -> tuple[Any, int]:
+        if self._weights_deferred():
+            from ..policy.default_model import load_default_tokenizer
+
+            return load_default_tokenizer()
+        return self.policy.tokenizer, self.policy.max_context
+
+    @property
+    def episode(self) -> Episode:
+        if self._episode is None:
+            raise EnvACEError("call reset() before step()")
+        return self._episode
+
+    # -- Gymnasium API --------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task = self._resolve_task((options or {}).get("task"))
+        tokenizer, max_context = self._tokenizer_and_context()
+        self._episode = Episode(
+            self.domain,
+            task,
+            self.config,
+            tokenizer,
+            self.np_random,
+            max_context=max_context,
+            act_max_new_tokens=self.act_sampling.max_new_tokens,
+            key=id(self),
+        )
+        if self._session is not None:
+            self._session.forget([id(self)])  # the last episode's cache is of no further use
+        self._act_generation = None
+        info = self._episode.base_info()
+        info["task"] = task.to_dict()
+        if self.render_mode == "human":
+            self.render()
+        return self._episode.observation(), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        episode = self.episode
+        act, self._act_generation = self._act_generation, None
+        if act is not None and act.text != action:
+            act = None  # the caller changed the text: it is tokenized as given
+        if self._weights_deferred():  # the real executor answers every call: nothing here generates
+            policy, session = _LoadOnGenerate(self), None
+        else:
+            policy, session = self.policy, self.session
+        (outcome,) = run_lockstep([episode.step(action, act)], policy, self.np_random, session)
+        if self.render_mode == "human":
+            self.render()
+        return outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
+
+    def render(self) -> str | None:
+        if self._episode is None:
+            return None
+        lines = [f"=== {self._episode.task.id} (turn {self._episode.turn}) ==="]
+        for m in self._episode.messages:
+            label = m["role"] if m["role"] != "tool" else f"tool {m.get('name', '')}"
+            lines.append(f"[{label}] {m['content']}")
+        text = "\n".join(lines)
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    # -- acting with the env's own policy -------------------------------------------------------------
+    def act(self, params: SamplingParams | None = None) -> str:
+        """Generate the next Act turn with the env's policy from the current prompt.
+
+        Passing the returned text to :meth:`step` keeps the generated ids and log-probs (``info["act"]``).
+        """
+        episode = self.episode
+        (self._act_generation,) = generate_batched(
+            self.policy, [episode.prompt_ids], params or self.act_sampling, self.np_random, self.session, [episode.key]
+        )
+        return self._act_generation.text
+
+    def _resolve_task(self, task: Task | str | None) -> Task:
+        if isinstance(task, Task):
+            return task
+        if isinstance(task, str):
+            return self.domain.task(task, self.split)
+        if task is not None:
+            raise EnvACEError(f"options['task'] must be a task id or a Task, got {type(task).__name__}")
+        return self.domain.sample_task(self.np_random, self.split)
+
+
+class _LoadOnGenerate:
+    """Stands in for a policy whose weights are not loaded yet; loads them if a generation is asked for."""
+
+    def __init__(self, env: RehearsalEnv) -> None:
+        self.env = env
+
+    def generate(self, prompts: Any, params: SamplingParams) -> list[Generation]:
+        return self.env.policy.generate(prompts, params)

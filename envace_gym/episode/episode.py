@@ -1,0 +1,634 @@
+"""One episode of world rehearsal, independent of the Gymnasium API and of how text is generated.
+
+:meth:`Episode.step` is a generator: it takes the agent's Act turn, does everything that needs no model
+(parse, validate, route, real or cached answers), *yields* the generations it needs (rehearsals), gets them
+sent back, and returns a :class:`StepOutcome`. :class:`~envace_gym.env.RehearsalEnv` answers the yields with
+its own policy; the vector env and the rollout collector answer the yields of many episodes with one batched
+call. The logic reads top to bottom as docs/method.md ("Roll-out") describes it:
+
+    Act turn → parse → validate (format, whitelist, schema) → route each call
+             → real executor | reference cache | Rehearse (the policy)
+             → tool messages → next Act prompt, or a scripted user turn, or the end and the reward.
+
+Two rehearsal modes:
+
+* ``separate`` (the paper's): a fresh prompt per call, with the task's reference executions as
+  privileged context; each rehearsal is its own training row.
+* ``inline``: the policy writes the tool response as a continuation of its own chat, inside the chat
+  template's tool turn; the episode is one row where Act and Rehearse tokens are trained and the
+  template's scaffolding is masked. Cheaper (no second prompt), no privileged context.
+
+The conversation is kept as token ids that only grow (see :mod:`envace_gym.episode.chat`): the Act prompt of turn
+k+1 is the prompt of turn k, the ids of the Act turn, then the ids of what followed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Generator, Hashable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..domains.domain import Domain
+from ..domains.reward import RewardResult
+from ..domains.task import Task
+from ..domains.trajectory import CallRecord, Trajectory
+from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, ToolError
+from ..parsing.act import RESULT_OPEN, parse_execution_result, parse_result_json
+from ..parsing.formats import tool_call_format
+from ..policy.protocol import Generation
+from ..rehearsal.prompt import rehearsal_messages, rehearsal_prompt
+from ..rehearsal.routing import choose_route
+from ..text import clean_text
+from ..tools.executor import ReferenceCache
+from ..tools.schema import ToolCall
+from .chat import ChatFormat
+from .types import EpisodeConfig, GenerationRequest, Row, StepOutcome
+
+logger = logging.getLogger("envace_gym")
+
+
+def render_for_model(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the chat template should see them: an assistant turn is shown exactly as the model
+    wrote it (its raw text already holds the ``<tool_call>`` blocks), so structured ``tool_calls`` are dropped."""
+    return [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
+
+
+class Episode:
+    """The state of one episode: conversation (as messages and as ids), real executor, scripted users, records.
+
+    Args:
+        domain: The domain (tools, reward, executor).
+        task: The task being played.
+        config: Episode rules.
+        tokenizer: The policy's tokenizer (its chat template lays out the conversation).
+        rng: A ``np_random``: every random choice of the episode (task routing in ``mixed``) comes from it.
+        max_context: The policy's token budget (prompt + completion).
+        act_max_new_tokens: Tokens reserved for the next Act turn in the context guard: the episode is
+            truncated once fewer are left. A driver that generates the Act turns reserves its generation
+            budget; one that replays text can reserve 0, since a text turn that does not fit ends the
+            episode (``truncation="context"``) when it arrives.
+        key: Names this conversation for KV-cache reuse (see :mod:`envace_gym.policy.sessions`).
+    """
+
+    def __init__(
+        self,
+        domain: Domain,
+        task: Task,
+        config: EpisodeConfig,
+        tokenizer: Any,
+        rng: np.random.Generator,
+        *,
+        max_context: int = 8192,
+        act_max_new_tokens: int = 512,
+        key: Hashable | None = None,
+    ) -> None:
+        self.domain, self.task, self.config, self.tokenizer, self.rng = domain, task, config, tokenizer, rng
+        self.max_context, self.act_max_new_tokens, self.key = max_context, act_max_new_tokens, key
+        self.chat = ChatFormat.of(tokenizer)
+        self.tool_format = tool_call_format(
+            tokenizer, config.tool_call_format, self.chat.generation_prompt, self.chat.end_texts
+        )
+        self.registry = domain.tools_for(task)  # most domains share one registry; BFCL tasks bring their own
+        self.whitelist = domain.whitelist(task)
+        self.tools_openai = self.registry.to_openai(self.whitelist, compact=True)  # the Act prompt's tools
+        self.candidates = [self.registry[n] for n in self.whitelist]
+        self.executor = None
+        if config.executor in ("real", "mixed"):
+            self.executor = domain.make_executor(task)
+            if self.executor is None:
+                raise DomainError(f"domain {domain.name!r} has no real executor; use executor='rehearsal' or 'cached'")
+        self.cache = ReferenceCache(task.reference_pairs()) if config.executor == "cached" else None
+        self.reference_pairs = task.reference_pairs()
+        self.max_turns = config.max_turns or domain.max_turns
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": clean_text(task.system_prompt or domain.system_prompt)},
+            {"role": "user", "content": clean_text(task.prompt)},
+        ]
+        # The conversation as ids: rendered and tokenized once here, then only appended to.
+        self.prompt_text = self.chat.render(self._for_chat(self.messages), self.tools_openai)
+        self.prompt_ids: list[int] = self.chat.encode(self.prompt_text)
+        self.initial_prompt_ids = tuple(self.prompt_ids)
+        self._ids: list[int] = []  # everything after the initial prompt ...
+        self._logprobs: list[float] = []
+        self._mask: list[int] = []  # ... and which of it the policy wrote
+        self._turn_open = False  # the last Act turn was cut before its end token
+        self.rows: list[Row] = []  # separate mode: one row per generation
+        self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
+        if self.pending_user_turns and self.chat.user_turns_ok is not None:
+            raise PolicyError(
+                f"task {task.id!r} has {len(self.pending_user_turns)} later user turn(s), but this chat template "
+                f"rewrites earlier turns once a new user turn follows (Qwen3.5 drops their <think> blocks), so the "
+                f"conversation cannot grow by appending ids ({self.chat.user_turns_ok}); play single-turn tasks, "
+                "or use a template that keeps past turns as they were"
+            )
+        self.user_turns = 1
+        self.turn = 0
+        self.records: list[CallRecord] = []
+        self.answers: list[str] = []
+        self.done = False
+        self.scored = True  # False for imagined episodes: their outcome is for the agent to judge, not the verifier
+        self.reward_result: RewardResult | None = None
+
+    # -- views ----------------------------------------------------------------------------------------
+    def observation(self) -> str:
+        """The next Act prompt as text (its ids are :attr:`prompt_ids`). It spells a special token only where
+        the ids hold one: special-token strings that the conversation holds as plain text are broken by a
+        zero-width space, so tokenizing the observation cannot open or re-role a turn."""
+        return self.prompt_text
+
+    def encode(self, text: str) -> list[int]:
+        return self.chat.encode(text)
+
+    def trajectory(self) -> Trajectory:
+        return Trajectory(self.task, tuple(copy.deepcopy(self.messages)), tuple(self.records), tuple(self.answers))
+
+    def fork(self, config: EpisodeConfig, rng: np.random.Generator) -> Episode:
+        """A private copy of the conversation so far, played on under ``config`` (say, every call rehearsed):
+        nothing done in it reaches this episode or its executor. It knows no future user turn (a final
+        answer ends it) and it is not scored: the verifier's view of the task is not the agent's."""
+        twin = copy.copy(self)
+        twin.config, twin.rng, twin.key = config, rng, None
+        twin.executor = None if config.executor == "rehearsal" else self.domain.make_executor(self.task)
+        twin.cache = None
+        twin.messages = copy.deepcopy(self.messages)
+        twin.prompt_ids, twin._ids, twin._logprobs, twin._mask = list(self.prompt_ids), [], [], []
+        twin.rows, twin.records, twin.answers = [], [], []  # only what happens in the copy
+        twin.pending_user_turns, twin.scored, twin.done, twin.reward_result = [], False, False, None
+        twin.max_turns = self.turn + (config.max_turns or self.max_turns)
+        return twin
+
+    def prompt_with_note(self, note: str, role: str = "system") -> tuple[list[int], str]:
+        """The next Act prompt (ids, text) with a private note inserted just before the assistant's turn;
+        the episode itself is unchanged."""
+        opening, tail = self.chat.generation_prompt, self.chat.generation_prompt_ids
+        if not self.prompt_text.endswith(opening) or self.prompt_ids[-len(tail) :] != tail:
+            raise EnvACEError("the prompt does not end with the template's generation prompt")
+        insert = self.chat.insertion([{"role": role, "content": self.chat.neutralize(clean_text(note))}]) + opening
+        return self.prompt_ids[: -len(tail)] + self.chat.encode(insert), self.prompt_text[: -len(opening)] + insert
+
+    def episode_row(self) -> Row:
+        """The whole episode as one row (``inline`` mode's training row; in ``separate`` mode, the Act
+        tokens are marked and rehearsals, which happened outside the chat, are absent)."""
+        return Row("episode", self.initial_prompt_ids, tuple(self._ids), tuple(self._logprobs), tuple(self._mask))
+
+    def base_info(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task.id,
+            "turn": self.turn,
+            "executor": self.config.executor,
+            "rehearsal_mode": self.config.rehearsal_mode,
+            "messages": copy.deepcopy(self.messages),
+        }
+
+    # -- the step -------------------------------------------------------------------------------------
+    def step(
+        self, action: str, act: Generation | None = None
+    ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
+        """Play one Act turn. ``act`` is the generation that wrote ``action``, when there is one (its ids
+        and log-probs are kept as they are); otherwise ``action`` is tokenized. Yields generation
+        requests; returns the outcome.
+
+        Whatever the environment's own parts raise during the turn (a tokenizer, a registry, a custom
+        domain's code) undoes the whole turn and ends the episode as truncated with its reward masked and
+        ``info["error"]`` an ``ENVIRONMENT_ERROR``: the episode never keeps half a turn.
+        """
+        if self.done:
+            raise EnvACEError("this episode is over; call reset() before step()")
+        saved = self._checkpoint()
+        try:
+            return (yield from self._step(clean_text(action) if isinstance(action, str) else action, act))
+        except Exception as exc:
+            return self._abort(saved, exc)
+
+    def _step(
+        self, action: str, act: Generation | None
+    ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
+        info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
+        if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
+            action = self.chat.act_view(act.completion_ids, self.tool_format.act_tokens)
+        parsed = self.tool_format.parse(action, self.config.limits, self._parameters)
+        # A text turn ends as the template ends the message that follows it (GLM: <|observation|> before a tool
+        # message, the error of a malformed call included).
+        answered_by_tool = bool(parsed.calls) or (parsed.error is not None and self.chat.error_role == "tool")
+        ids, logprobs = self._act_ids(action, act, answered_by_tool)
+        if len(self.prompt_ids) + len(ids) > self.max_context:  # the turn itself does not fit: nothing of it is kept
+            info["truncation"], info["act"] = "context", None
+            return self._finish(info, terminated=False)
+        self.turn += 1
+        self._record_act(ids, logprobs, act, info)
+        calls = [replace(c, id=f"call_{self.turn}_{i}") for i, c in enumerate(parsed.calls)]
+        text = action[: self.config.limits.max_action_chars] if isinstance(action, str) else ""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls and parsed.error is None:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        self.messages.append(message)
+        info["tool_calls"] = [c.to_json() for c in calls]
+
+        if parsed.error is not None:  # a malformed turn: nothing of it is executed
+            self.records.append(CallRecord(self.turn, None, None, error=parsed.error, user_turn=self.user_turns))
+            self._add_messages(
+                [{"role": self.chat.error_role, "name": "", "content": _dump(parsed.error.to_payload())}]
+            )
+            return self._after_errors([parsed.error], info)
+
+        if parsed.is_final_answer:
+            self.answers.append(parsed.content)
+            if not self.pending_user_turns:
+                return self._finish(info, terminated=True)
+            self._add_messages([{"role": "user", "content": self.pending_user_turns.pop(0)}])
+            self.user_turns += 1
+            return self._continue(info)
+
+        # Validate every call before answering any: an invalid call ends the turn cheaply.
+        errors: dict[str, ToolError] = {}
+        for call in calls:
+            check = self.registry.validate(call, self.whitelist)
+            if not check.ok:
+                errors[call.id] = check.error  # type: ignore[assignment]
+        if errors and self.config.on_invalid == "terminate":
+            self.records += [
+                CallRecord(self.turn, c, None, error=errors.get(c.id), user_turn=self.user_turns) for c in calls
+            ]
+            info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
+            self._add_messages(
+                [self._tool_message(c, errors[c.id].to_payload()) for c in calls if c.id in errors], calls
+            )
+            return self._after_errors(list(errors.values()), info)
+
+        responses: dict[str, Any] = {}
+        routes: dict[str, str] = {}
+        for call in calls:
+            if call.id not in errors:
+                routes[call.id] = self._answer_without_model(call, responses, errors)
+
+        if self.config.rehearsal_mode == "separate":
+            pending = [c for c in calls if routes.get(c.id) == "rehearsal"]
+            if pending:
+                yield from self._rehearse_separate(pending, text, responses, errors, info)
+            payloads = [errors[c.id].to_payload() if c.id in errors else responses[c.id] for c in calls]
+            self._add_messages([self._tool_message(c, p) for c, p in zip(calls, payloads, strict=True)], calls)
+        else:
+            yield from self._tool_turn_inline(calls, routes, responses, errors, info)
+
+        self.records += [
+            CallRecord(self.turn, c, routes.get(c.id), responses.get(c.id), errors.get(c.id), self.user_turns)
+            for c in calls
+        ]
+        info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
+        if errors:
+            return self._after_errors([errors[c.id] for c in calls if c.id in errors], info)
+        return self._continue(info)
+
+    def _answer_without_model(self, call: ToolCall, responses: dict[str, Any], errors: dict[str, ToolError]) -> str:
+        """Route one valid call; answer it now unless it goes to the Rehearse role."""
+        hit, cached = self.cache.lookup(call) if self.cache is not None else (False, None)
+        route = choose_route(self.config.executor, self.rng, self.config.p_real, hit)
+        if route == "cache":
+            responses[call.id] = cached
+        elif route == "real":
+            try:
+                responses[call.id] = self.executor.execute(call)  # type: ignore[union-attr]
+            except Exception as exc:  # the executor's bug, reported as data; the episode survives it
+                errors[call.id] = ToolError(
+                    ErrorCode.EXECUTION_ERROR,
+                    f"{call.name} failed: {type(exc).__name__}: {exc}"[:300],
+                    {"tool": call.name},
+                    source="executor",
+                )
+        return route
+
+    # -- the Rehearse role ----------------------------------------------------------------------------
+    def _rehearse_separate(
+        self,
+        calls: list[ToolCall],
+        action: str,
+        responses: dict[str, Any],
+        errors: dict[str, ToolError],
+        info: dict[str, Any],
+    ) -> Generator[list[GenerationRequest], list[Generation], None]:
+        """Rehearse ``calls`` in one batch of fresh prompts; resample results that fail a ``returns`` schema."""
+        cfg = self.config.rehearsal
+        prompts = {call.id: self.rehearse_prompt(call, action) for call in calls}
+        budget = self.max_context - cfg.max_new_tokens
+        todo = []
+        for call in calls:
+            if len(prompts[call.id]) <= budget:
+                todo.append(call)
+            else:
+                errors[call.id] = _overflow(len(prompts[call.id]), budget)
+        params = cfg.sampling()
+        for attempt in range(cfg.returns_resamples + 1):
+            if not todo:
+                break
+            generations = yield [GenerationRequest(prompts[c.id], params, "rehearse", c.id) for c in todo]
+            retry = []
+            for call, gen in zip(todo, generations, strict=True):
+                text = (RESULT_OPEN + "\n" if cfg.prefill else "") + gen.text
+                read = parse_execution_result(text, self.config.limits)
+                error = read.error or self.registry[call.name].validate_result(read.result)
+                self._record_rehearsal(call, attempt, gen, error, info)
+                self.rows.append(
+                    Row("rehearse", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
+                )
+                if error is None:
+                    responses[call.id] = read.result
+                    errors.pop(call.id, None)
+                else:
+                    errors[call.id] = error
+                    if error.code is ErrorCode.RESULT_SCHEMA_MISMATCH:
+                        retry.append(call)
+            todo = retry
+
+    def rehearse_prompt(self, call: ToolCall, action: str) -> tuple[int, ...]:
+        """The ids of the ``separate``-mode simulator prompt for ``call``, made during the Act turn ``action``
+        (the conversation before that turn is the history; the turn itself is shown raw)."""
+        history = self.messages[:-1] if self.messages[-1]["role"] == "assistant" else self.messages
+        chat = rehearsal_messages(
+            call,
+            self.registry[call.name],
+            self.candidates,
+            self.reference_pairs,
+            history,
+            action,
+            self.config.rehearsal,
+        )
+        for message in chat:  # reference data may hold unencodable text; the history and the Act turn are untrusted
+            message["content"] = clean_text(message["content"])
+        chat[1]["content"] = self.chat.neutralize(chat[1]["content"])
+        return tuple(self.encode(rehearsal_prompt(self.tokenizer, chat, self.config.rehearsal)))
+
+    def _tool_turn_inline(
+        self,
+        calls: list[ToolCall],
+        routes: dict[str, str],
+        responses: dict[str, Any],
+        errors: dict[str, ToolError],
+        info: dict[str, Any],
+    ) -> Generator[list[GenerationRequest], list[Generation], None]:
+        """Write the tool turn into the chat: the template's scaffolding around each response, real or
+        cached answers as environment text, rehearsed ones generated by the policy in place."""
+        cfg = self.config.rehearsal
+        end, pieces = self.chat.tool_pieces([self.chat.neutralize(c.name) for c in calls])
+        self._close_turn(end)
+        self._append_text(pieces[0])
+        for i, call in enumerate(calls):
+            after = pieces[i + 1]
+            if routes.get(call.id) != "rehearsal":
+                payload = errors[call.id].to_payload() if call.id in errors else responses[call.id]
+                self.messages.append(self._tool_message(call, payload))
+                self._append_text(_dump(payload) + after)
+                continue
+            closing = self.chat.closing(after)
+            params = replace(cfg.sampling(), stop=(closing,) if closing else ())
+            if len(self.prompt_ids) + params.max_new_tokens > self.max_context:
+                errors[call.id] = _overflow(len(self.prompt_ids), self.max_context - params.max_new_tokens)
+                self.messages.append(self._tool_message(call, errors[call.id].to_payload()))
+                self._append_text(_dump(errors[call.id].to_payload()) + after)
+                continue
+            for attempt in range(cfg.returns_resamples + 1):
+                (gen,) = yield [GenerationRequest(tuple(self.prompt_ids), params, "rehearse", call.id, self.key)]
+                content, rest, error = self._read_inline(gen, closing, after)
+                if error is None:
+                    read = parse_result_json(content, self.config.limits)
+                    error = read.error or self.registry[call.name].validate_result(read.result)
+                self._record_rehearsal(call, attempt, gen, error, info)
+                retry = error is not None and error.code is ErrorCode.RESULT_SCHEMA_MISMATCH
+                if not (retry and attempt < cfg.returns_resamples):
+                    break  # a rejected sample is dropped from the chat; the last one stays, good or bad
+            if error is not None and error.details.get("ends_turn") and self.config.on_invalid == "feedback":
+                # Never let a token that opens or ends a turn into a chat that goes on: the error replaces the
+                # response (with "terminate" the episode ends here and the row keeps what was generated).
+                self.messages.append(self._tool_message(call, error.to_payload()))
+                self._append_text(_dump(error.to_payload()))
+                rest = after
+            else:
+                ids = list(gen.completion_ids)
+                self._append_ids(ids, self.chat.display(ids), list(gen.logprobs), trained=True)
+                self.messages.append(self._tool_message(call, content.strip()))
+            if error is None:
+                responses[call.id] = read.result
+            else:
+                errors[call.id] = error
+            self._append_text(rest)
+            if error is not None and self.config.on_invalid == "terminate":
+                return  # the episode ends here; nothing more is generated
+
+    def _read_inline(self, gen: Generation, closing: str, after: str) -> tuple[str, str, ToolError | None]:
+        """Split an inline rehearsal into its content and the scaffolding still to append."""
+        ended_with_eos = bool(gen.completion_ids) and gen.completion_ids[-1] in self.chat.stop_ids
+        closed_by_token = closing in self.chat.special_strings and bool(gen.completion_ids)
+        closed_by_token = closed_by_token and self.chat.decode(gen.completion_ids[-1:]) == closing
+        body = gen.completion_ids[:-1] if ended_with_eos or closed_by_token else gen.completion_ids
+        if any(t in self.chat.special_ids for t in body):
+            error = ToolError(
+                ErrorCode.INVALID_REHEARSAL,
+                "the tool response contains special tokens (it may not open or close turns)",
+                {"output": gen.text[:300], "special_tokens": True, "ends_turn": True},
+                source="rehearsal",
+            )
+            return gen.text, after, error
+        if closing and closing in gen.text:
+            end = gen.text.index(closing)
+            cut = after.find(closing) + len(closing)
+            overshoot = gen.text[end + len(closing) :]  # a last token may reach past the stop string
+            if after.startswith(overshoot, cut):
+                cut += len(overshoot)
+            return gen.text[:end], after[cut:], None
+        if closed_by_token:  # a special-token closing (DeepSeek's): the scaffolding goes on after it
+            cut = after.find(closing) + len(closing)
+            return self.chat.decode(body), after[cut:], None
+        if not closing and ended_with_eos:
+            at, end = self.chat.first_end(after)
+            return gen.text, after[at + len(end) :], None
+        missing = closing or self.chat.eos_text
+        error = ToolError(
+            ErrorCode.INVALID_REHEARSAL,
+            f"the tool response {'ended the turn before' if ended_with_eos else 'was not closed with'} {missing!r}",
+            {"output": gen.text[:300], **({"ends_turn": True} if ended_with_eos else {})},
+            source="rehearsal",
+        )
+        return gen.text, after, error  # the template's own closing follows, so the chat stays well-formed
+
+    def _record_rehearsal(
+        self, call: ToolCall, attempt: int, gen: Generation, error: ToolError | None, info: dict[str, Any]
+    ) -> None:
+        info["rehearsals"].append(
+            {
+                "call_id": call.id,
+                "name": call.name,
+                "attempt": attempt,
+                "prompt_ids": list(gen.prompt_ids),
+                "completion_ids": list(gen.completion_ids),
+                "logprobs": list(gen.logprobs),
+                "text": gen.text,
+                "finish_reason": gen.finish_reason,
+                "accepted": error is None,
+                "error": error.to_dict() if error else None,
+            }
+        )
+
+    # -- growing the conversation ---------------------------------------------------------------------
+    def _act_ids(self, action: str, act: Generation | None, calls: bool) -> tuple[list[int], list[float]]:
+        """The Act turn's ids and log-probs: the generation's own, or the text tokenized (log-probs 0) with the
+        end token the template closes such a turn with (the text may already end with it). Special-token strings
+        in the text stay plain text, except the ones the tool-call format writes calls with."""
+        if act is not None:
+            return list(act.completion_ids), list(act.logprobs)
+        text = action if isinstance(action, str) else ""
+        # An over-long action is rejected by the parser; only its head is kept in the chat, so the cost of
+        # recording it stays bounded whatever its length.
+        text = text[: self.config.limits.max_action_chars]
+        ids = self.chat.encode(self.chat.neutralize(text, keep=self.tool_format.act_tokens))
+        ids += self.chat.encode(self.chat.act_end(calls))
+        return ids, [0.0] * len(ids)
+
+    def _record_act(self, ids: list[int], logprobs: list[float], act: Generation | None, info: dict[str, Any]) -> None:
+        prompt = tuple(self.prompt_ids)
+        if act is not None:
+            self.rows.append(Row("act", prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
+        info["act"] = {
+            "prompt_ids": list(prompt),
+            "completion_ids": list(ids),
+            "logprobs": logprobs if act is not None else None,
+            "generated": act is not None,
+        }
+        self._append_ids(ids, self.chat.display(ids), logprobs, trained=True)
+        self._turn_open = not ids or ids[-1] not in self.chat.stop_ids
+
+    def _append_ids(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
+        self.prompt_ids += ids
+        self.prompt_text += text
+        self._ids += ids
+        self._logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self._mask += [int(trained)] * len(ids)
+
+    def _append_text(self, text: str) -> None:
+        self._append_ids(self.encode(text), text, None, trained=False)
+
+    def _close_turn(self, end: str) -> None:
+        """An Act turn cut by the token budget still needs its end token (``end``) before anything follows; so does
+        one that stopped on another stop token where ``end`` opens the next message (GLM's role tokens)."""
+        end_ids = self.chat.encode(end)
+        reopen = self.chat.end_opens_turn and self._ids[-len(end_ids) :] != end_ids
+        if self._turn_open or reopen:
+            self._append_ids(end_ids, end, None, trained=False)
+            self._turn_open = False
+
+    def _add_messages(self, messages: list[dict[str, Any]], calls: list[ToolCall] = ()) -> None:  # type: ignore[assignment]
+        """Append tool or user messages after the Act turn that made ``calls``, as messages and as ids."""
+        self.messages += messages
+        # The template sees the calls' names (gpt-oss names a tool message's author by them), never their arguments.
+        named = [
+            {"type": "function", "function": {"name": self.chat.neutralize(c.name), "arguments": {}}} for c in calls
+        ]
+        end, rest = self.chat.suffix(self._for_chat(messages), named)
+        self._close_turn(end)
+        self._append_text(rest)
+
+    def _parameters(self, name: str) -> Any:
+        """The parameters schema of tool ``name`` (the XML formats type their arguments by it)."""
+        return self.registry[name].parameters if name in self.registry else None
+
+    def reference_action(self, turn: Any) -> str:
+        """The Act text of a reference turn (:class:`~envace_gym.domains.ReferenceTurn`) in this model's own
+        format, as its chat template writes such a turn (its end token is added when it is stepped)."""
+        return self.chat.strip_end(self.chat.act_text(turn.content, [c.to_openai() for c in turn.calls]))
+
+    def _for_chat(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Messages as the template renders them into the ids: :func:`render_for_model`, with special-token
+        strings in their text broken (:meth:`ChatFormat.neutralize`) so no content can open or close a turn."""
+        out = []
+        for m in render_for_model(messages):
+            m = {**m, "content": self.chat.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
+            out.append({**m, "name": self.chat.neutralize(m["name"])} if isinstance(m.get("name"), str) else m)
+        return out
+
+    def _tool_message(self, call: ToolCall, payload: Any) -> dict[str, Any]:
+        content = clean_text(payload) if isinstance(payload, str) else _dump(payload)
+        return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+    # -- a turn undone ---------------------------------------------------------------------------------
+    def _checkpoint(self) -> tuple[Any, ...]:
+        """What a turn changes, as it was before the turn (lists only grow during a turn)."""
+        lengths = tuple(len(x) for x in (self.messages, self.prompt_ids, self._ids, self.rows, self.records))
+        return (lengths, len(self.answers), self.prompt_text, self._turn_open, list(self.pending_user_turns),
+                self.user_turns, self.turn)  # fmt: skip
+
+    def _abort(self, saved: tuple[Any, ...], exc: Exception) -> StepOutcome:
+        (n_messages, n_ids, n_trained, n_rows, n_records), n_answers, text, turn_open, pending, users, turn = saved
+        del self.messages[n_messages:], self.prompt_ids[n_ids:], self.rows[n_rows:], self.records[n_records:]
+        del self._ids[n_trained:], self._logprobs[n_trained:], self._mask[n_trained:], self.answers[n_answers:]
+        self.prompt_text, self._turn_open, self.pending_user_turns = text, turn_open, pending
+        self.user_turns, self.turn = users, turn
+        error = ToolError(
+            ErrorCode.ENVIRONMENT_ERROR,
+            f"the environment failed during this turn ({type(exc).__name__}: {exc}); the turn was undone"[:300],
+            {"exception": type(exc).__name__},
+            source="environment",
+        )
+        logger.warning("episode of %s ended: %s", self.task.id, error.message, exc_info=exc)
+        self.done, self.reward_result = True, RewardResult(None, {})
+        info = {"tool_calls": [], "calls": [], "rehearsals": [], "error": error.to_dict(), "act": None}
+        return self._outcome(0.0, False, True, info)
+
+    # -- endings --------------------------------------------------------------------------------------
+    def _after_errors(self, errors: list[ToolError], info: dict[str, Any]) -> StepOutcome:
+        info["error"] = errors[0].to_dict()
+        if self.config.on_invalid == "terminate":
+            self.done = True
+            self.reward_result = RewardResult(0.0, {"no_invalid_call": False})
+            return self._outcome(0.0, True, False, info)
+        return self._continue(info)
+
+    def _continue(self, info: dict[str, Any]) -> StepOutcome:
+        if self.turn >= self.max_turns or self.user_turns > self.config.max_user_turns:
+            info["truncation"] = "max_turns" if self.turn >= self.max_turns else "max_user_turns"
+            return self._finish(info, terminated=False)
+        if len(self.prompt_ids) + self.act_max_new_tokens > self.max_context:
+            info["truncation"] = "context"
+            return self._finish(info, terminated=False)
+        return self._outcome(0.0, False, False, info)
+
+    def _finish(self, info: dict[str, Any], *, terminated: bool) -> StepOutcome:
+        """The end: the domain's reward over the whole trajectory (also when truncated)."""
+        self.done = True
+        if not self.scored:
+            self.reward_result = RewardResult(None, {})
+            return self._outcome(0.0, terminated, not terminated, info)
+        try:
+            self.reward_result = self.domain.score(self.task, self.trajectory())
+        except Exception as exc:  # a verifier that fails masks the episode (None), never a silent 0
+            self.reward_result = RewardResult(None, {})
+            info["reward_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            logger.warning("reward of %s masked: the verifier failed (%s)", self.task.id, info["reward_error"])
+        score = self.reward_result.score
+        return self._outcome(0.0 if score is None else float(score), terminated, not terminated, info)
+
+    def _outcome(self, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepOutcome:
+        info.update(self.base_info())
+        if self.done and self.reward_result is not None:
+            info["reward_checks"] = dict(self.reward_result.checks)
+            info["reward_masked"] = self.reward_result.score is None
+            info["success"] = self.reward_result.success
+        return StepOutcome(self.prompt_text, reward, terminated, truncated, info)
+
+
+def _dump(value: Any) -> str:
+    """A tool response as it enters the chat: JSON with ``<`` and ``>`` escaped (``\\u003c``, same value), so
+    no content, real or rehearsed, can spell a special token or a ``<tool_call>`` tag into the conversation."""
+    text = json.dumps(value, ensure_ascii=False)
+    return clean_text(text).replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def _overflow(length: int, budget: int) -> ToolError:
+    return ToolError(
+        ErrorCode.LIMIT_EXCEEDED,
+        f"rehearsal prompt of {length} tokens exceeds the budget of {budget}",
+        {"limit": "max_context", "value": length},
+        source="rehearsal",
+    )

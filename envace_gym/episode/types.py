@@ -1,0 +1,102 @@
+"""What an episode is configured with and what it hands out: its config, generation requests, rows, outcomes."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..parsing.act import DEFAULT_LIMITS, Limits
+from ..parsing.formats import FORMATS
+from ..policy.protocol import SamplingParams
+from ..rehearsal.prompt import RehearsalConfig
+from ..rehearsal.routing import EXECUTORS
+
+ON_INVALID = ("terminate", "feedback")
+REHEARSAL_MODES = ("separate", "inline")
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Episode rules shared by the single env, the vector env and the collector.
+
+    Attributes:
+        executor: Who answers tool calls: ``"rehearsal"``, ``"real"``, ``"cached"`` or ``"mixed"``.
+        rehearsal_mode: ``"separate"`` (fresh prompt per call, the paper's) or ``"inline"`` (the policy
+            continues its own chat in the tool role).
+        p_real: With ``"mixed"``, the probability that a call goes to the real executor.
+        on_invalid: ``"terminate"`` (the paper: the episode ends with reward 0) or ``"feedback"`` (the
+            typed error becomes the tool's response and the episode goes on).
+        max_turns: Most Act turns before truncation (``None``: the domain's own limit).
+        max_user_turns: Most user turns before truncation.
+        rehearsal: How the Rehearse role is prompted and sampled.
+        limits: Bounds on Act turns and JSON.
+        tool_call_format: How Act turns write tool calls: a name in :data:`envace_gym.parsing.formats.FORMATS`,
+            ``"response_parser"`` (the tokenizer's ``parse_response``), or ``None``: found from the tokenizer
+            (see :func:`envace_gym.parsing.formats.tool_call_format`).
+    """
+
+    executor: str = "rehearsal"
+    rehearsal_mode: str = "separate"
+    p_real: float = 0.5
+    on_invalid: str = "terminate"
+    max_turns: int | None = None
+    max_user_turns: int = 30
+    rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
+    limits: Limits = DEFAULT_LIMITS
+    tool_call_format: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tool_call_format is not None and self.tool_call_format not in (*FORMATS, "response_parser"):
+            raise ValueError(
+                f"tool_call_format must be one of {sorted(FORMATS)}, 'response_parser' or None, "
+                f"got {self.tool_call_format!r}"
+            )
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
+        if self.rehearsal_mode not in REHEARSAL_MODES:
+            raise ValueError(f"rehearsal_mode must be one of {REHEARSAL_MODES}, got {self.rehearsal_mode!r}")
+        if self.on_invalid not in ON_INVALID:
+            raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
+        if not 0.0 <= self.p_real <= 1.0:
+            raise ValueError(f"p_real must be in [0, 1], got {self.p_real}")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A prompt the episode needs generated. ``params.seed`` is left unset: whoever batches the
+    requests seeds each batch, from its own ``np_random``. ``key`` names the conversation the prompt
+    continues (``inline`` rehearsals), so a generation session can reuse its KV cache; ``None`` for a
+    fresh prompt."""
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    role: str = "rehearse"
+    call_id: str = ""
+    key: Hashable | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training row: a prompt and the tokens after it.
+
+    ``mask[i]`` is 1 where the policy wrote ``completion_ids[i]`` (trained) and 0 for environment text (the
+    template's scaffolding, user turns, real tool results); ``logprobs`` are 0 where the mask is 0.
+    ``role`` is ``"act"`` or ``"rehearse"`` (``separate`` mode: one row per generation) or ``"episode"``
+    (``inline`` mode: the whole episode, both roles).
+    """
+
+    role: str
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    mask: tuple[int, ...]
+
+
+@dataclass
+class StepOutcome:
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]

@@ -1,0 +1,137 @@
+"""Evaluation: task success with the **real** executor, and how faithfully the policy rehearses.
+
+* **Success** (``executor="real"``): the policy acts on held-out tasks; every call is answered by the domain's
+  real tools; the domain's reward decides. This is the number that matters. A domain without real tools (a
+  dataset of conversations) is played with ``executor="cached"`` instead: a call that matches a reference call
+  gets the recorded result, any other is rehearsed; ``EvalResult.executor`` says which.
+* **Fidelity** of the Rehearse role: each task's reference solution is played (``act="reference"``) while the
+  policy rehearses every call (``separate`` mode); each rehearsed response is compared with what the real
+  executor returns for the same call in the same state (without real tools: with the recorded reference
+  result of that call). Reported: the share of rehearsals that parse
+  (``<execution_result>`` with JSON), that pass the tool's ``returns`` schema, and that equal the real
+  response (canonical JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..domains.domain import Domain
+from ..domains.registry import make_domain
+from ..errors import ErrorCode
+from ..policy.protocol import Policy, SamplingParams
+from ..progress import Progress
+from ..rehearsal.prompt import RehearsalConfig
+from ..rollout.collector import collect_rollouts
+from ..rollout.planner import PlannerConfig, RehearsalPlanner
+from ..tools.canonical import canonical_json
+from ..tools.executor import ReferenceCache
+from ..tools.schema import ToolCall
+
+
+@dataclass
+class EvalResult:
+    domain: str
+    split: str
+    episodes: int
+    success_rate: float
+    mean_reward: float
+    executor: str = "real"  # "cached" for a domain without real tools (reference results, else rehearsal)
+    masked_episodes: int = 0  # the verifier (or judge) could not score them: out of mean_reward, never successes
+    real_calls: int = 0  # calls that reached the real executor (the committed ones)
+    act_tokens: int = 0  # tokens of the committed Act turns
+    rehearsal_tokens: int = 0  # tokens spent in private rehearsal (0 without a planner)
+    rehearsals: int = 0
+    parsed: float = float("nan")
+    schema_ok: float = float("nan")
+    equal_to_real: float = float("nan")
+    per_task: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _pass_progress(progress: Progress, k: int, passes: int, n: int, label: str) -> Progress:
+    """Pass ``k`` of ``passes`` (``n`` episodes each): its own named bar, or the callback over all passes."""
+    if callable(progress):
+        return lambda done, _: progress(k * n + done, passes * n)
+    if isinstance(progress, str):  # the caller's label, then which pass
+        return f"{progress}: {label}"
+    return label if progress else False
+
+
+def evaluate(
+    policy: Policy,
+    domain: str | Domain,
+    split: str = "test",
+    num_tasks: int = 50,
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    fidelity: bool = True,
+    planner: PlannerConfig | None = None,
+    seed: int = 0,
+    progress: Progress = False,
+) -> EvalResult:
+    """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
+
+    With ``planner``, every committed Act turn is written after private rehearsal (:mod:`envace_gym.rollout.planner`);
+    ``rehearsal_tokens`` and ``real_calls`` then say what the rehearsal cost and that it called no real tool.
+    ``progress``: ``True`` shows a bar per pass; a callable gets ``(done, total)`` over both passes' episodes.
+    """
+    dom = make_domain(domain)
+    tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    rehearsal = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature)
+    actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
+    passes = 2 if fidelity and dom.executes_calls else 1
+    executor = "real" if not tasks or dom.make_executor(tasks[0]) is not None else "cached"
+    real = collect_rollouts(
+        policy, dom, tasks, executor=executor, act_sampling=sampling, seed=seed, actor=actor,
+        progress=_pass_progress(progress, 0, passes, len(tasks), f"episodes ({executor} execution)"),
+    )  # fmt: skip
+    rewards = [e.reward for e in real.episodes if e.reward is not None]
+    result = EvalResult(
+        domain=dom.name,
+        split=split,
+        episodes=len(real.episodes),
+        success_rate=sum(e.success for e in real.episodes) / max(1, len(real.episodes)),
+        mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),  # nothing scored: no mean, not 0
+        executor=executor,
+        masked_episodes=len(real.episodes) - len(rewards),
+        per_task=[
+            {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns} for e in real.episodes
+        ],
+        real_calls=sum(sum(1 for c in e.calls if c["route"] == "real") for e in real.episodes),
+        rehearsal_tokens=actor.stats["rehearsal_tokens"] if actor is not None else 0,
+        act_tokens=int(real.stats["act_tokens"]),
+    )
+    if not fidelity or not dom.executes_calls:  # no real responses to compare rehearsals with
+        return result
+    rehearsed = collect_rollouts(
+        policy, dom, tasks, executor="rehearsal", act="reference", on_invalid="feedback",
+        rehearsal=rehearsal, seed=seed,
+        progress=_pass_progress(progress, 1, passes, len(tasks), "rehearsal fidelity (reference acts)"),
+    )  # fmt: skip
+    total = parsed = schema_ok = equal = 0
+    for task, episode in zip(tasks, rehearsed.episodes, strict=True):
+        shadow = dom.make_executor(task)
+        recorded = ReferenceCache(task.reference_pairs())  # the truth when there are no real tools
+        for record in episode.calls:
+            if not record["validated"]:
+                continue
+            call = ToolCall(record["name"], record["arguments"])
+            known, truth = (True, shadow.execute(call)) if shadow is not None else recorded.lookup(call)
+            if record["route"] != "rehearsal" or not known:
+                continue
+            error = record["error"]
+            code = error["code"] if error else None
+            total += 1
+            parsed += code not in (ErrorCode.INVALID_REHEARSAL.value, ErrorCode.LIMIT_EXCEEDED.value)
+            schema_ok += code is None
+            equal += code is None and canonical_json(record["result"]) == canonical_json(truth)
+    if total:
+        result.rehearsals = total
+        result.parsed, result.schema_ok, result.equal_to_real = parsed / total, schema_ok / total, equal / total
+    return result

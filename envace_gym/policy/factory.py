@@ -1,0 +1,42 @@
+"""``make_policy``: a :class:`~envace_gym.policy.Policy` from whatever a user passes as ``policy=``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import (
+    PreTrainedTokenizerBase,
+)
+
+from ..errors import PolicyError
+from .protocol import Policy
+from .transformers import TransformersPolicy
+
+
+def make_policy(spec: Any = None, tokenizer: PreTrainedTokenizerBase | None = None) -> Policy:
+    """Build a :class:`Policy` from what a user passes as ``policy=``.
+
+    Accepts ``None`` or ``"default"`` (the embedded SmolLM2-135M), ``"tiny"`` (a random in-process
+    test model), a local path or hub id, a ``(model, tokenizer)`` pair, a model plus ``tokenizer=``,
+    or an object that already satisfies :class:`Policy`.
+    """
+    if spec is None or spec == "default":
+        from .default_model import load_default_policy
+
+        return load_default_policy()
+    if isinstance(spec, str):
+        if spec == "tiny":
+            from .tiny import tiny_policy
+
+            return tiny_policy()
+        return TransformersPolicy.from_pretrained(spec)
+    if isinstance(spec, tuple) and len(spec) == 2:
+        return TransformersPolicy(spec[0], spec[1])
+    if isinstance(spec, Policy):
+        return spec
+    if tokenizer is not None and hasattr(spec, "generate"):
+        return TransformersPolicy(spec, tokenizer)
+    raise PolicyError(
+        f"cannot make a policy from {type(spec).__name__}; pass None, 'default', 'tiny', a path, "
+        "a (model, tokenizer) pair or an object with .tokenizer, .max_context and .generate()"
+    )

@@ -1,0 +1,3 @@
+"""End-to-end runs behind the ``envace`` commands, built from the stages below: ``train``, ``experiment``,
+``demo`` and ``bench`` (one module each; import the one you need).
+"""

@@ -1,0 +1,375 @@
+"""``envace train``: one command for the three ways to train, on TRL's trainers.
+
+* ``mode="sft"``: warm start on the domain's reference trajectories, both roles (:mod:`envace_gym.training.sft`);
+* ``mode="rehearsal"``: EnvACE, role-wise GRPO on world-rehearsal rollouts (:class:`EnvACEGRPOTrainer`);
+* ``mode="real-tools"``: the baseline, standard GRPO with the domain's real tools in TRL's tool loop.
+
+Checkpoints (model, optimizer, scheduler and RNG states) are TRL's; ``resume=True`` continues from the last
+one in ``output_dir``. At the end the model is saved to ``output_dir/final``, the logged metrics to
+``output_dir/metrics.jsonl`` and, when matplotlib is installed, the reward and success curves to
+``output_dir/curves.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..domains.registry import make_domain
+from ..episode.types import REHEARSAL_MODES
+from ..policy.precision import DTYPES, resolve_dtype
+from ..training.memory import return_freed_memory
+from ..training.packing import DEFAULT_PACK_TOKENS
+
+MODES = ("rehearsal", "real-tools", "sft")
+DEFAULT_GRPO_STEPS = 20
+
+
+@dataclass
+class TrainConfig:
+    """``envace train`` settings (a YAML file given with ``--config`` sets them too; flags win)."""
+
+    mode: str = field(
+        default="rehearsal",
+        metadata={"help": "rehearsal (EnvACE), real-tools (baseline GRPO) or sft.", "choices": MODES},
+    )
+    domain: str = field(
+        default="bank", metadata={"help": "Domain to train on: a name, a folder or a dataset file (docs/datasets.md)."}
+    )
+    model: str | None = field(
+        default=None, metadata={"help": "Path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a test model."}
+    )
+    output_dir: str = field(
+        default="runs/envace", metadata={"help": "Where checkpoints, metrics and the final model go."}
+    )
+    steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Optimizer steps (GRPO: one per batch of rollouts; default 20). SFT: a limit on top of "
+            "--sft_epochs (default: none, the epochs rule)."
+        },
+    )
+    tasks_per_step: int = field(
+        default=2,
+        metadata={
+            "help": "Tasks per GRPO batch, over all processes; each gives a group of group_size episodes "
+            "(under accelerate, tasks_per_step x group_size must divide by the number of processes)."
+        },
+    )
+    group_size: int = field(default=4, metadata={"help": "Episodes per task (the G of GRPO)."})
+    rehearsal_mode: str = field(
+        default="separate",
+        metadata={"help": "separate (role-wise rows, the paper's) or inline.", "choices": REHEARSAL_MODES},
+    )
+    learning_rate: float = field(default=1e-5, metadata={"help": "Learning rate."})
+    max_new_tokens: int = field(
+        default=128,
+        metadata={
+            "help": "Token budget of each Act turn and rehearsal. real-tools: TRL spends its completion budget "
+            "on the whole multi-turn completion, so it gets max_new_tokens x max_turns."
+        },
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
+    max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+    beta: float = field(
+        default=0.0, metadata={"help": "KL coefficient against the starting model (the paper: 1e-4 or 0)."}
+    )
+    lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    train_layers: int | None = field(
+        default=None,
+        metadata={"help": "Train only the top N decoder layers (and the final norm): a CPU budget option."},
+    )
+    sft_tasks: int = field(default=200, metadata={"help": "SFT: how many training tasks' reference trajectories."})
+    sft_epochs: float = field(default=1.0, metadata={"help": "SFT: epochs over those rows."})
+    sft_batch_size: int = field(default=4, metadata={"help": "SFT: rows per step."})
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "Compute dtype: auto (bfloat16 where the hardware runs it faster), float32, bfloat16.",
+            "choices": DTYPES,
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "Recompute layers in the backward pass, and return freed memory to the OS at once: far "
+            "less memory, some more time (docs/performance.md)."
+        },
+    )
+    shared_prefix: bool = field(
+        default=True, metadata={"help": "Shared-prefix forward: encode the prefix that rows share once (exact)."}
+    )
+    pack_tokens: int = field(
+        default=DEFAULT_PACK_TOKENS, metadata={"help": "Positions per packed forward (bounds one pack's memory)."}
+    )
+    save_steps: int = field(default=10, metadata={"help": "Checkpoint every this many steps."})
+    logging_steps: int = field(default=1, metadata={"help": "Log every this many steps."})
+    report_to: str = field(default="none", metadata={"help": "TRL/transformers report_to: none, tensorboard, ..."})
+    resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.rehearsal_mode not in REHEARSAL_MODES:
+            raise ValueError(f"rehearsal_mode must be one of {REHEARSAL_MODES}, got {self.rehearsal_mode!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be at least 1, got {self.steps}")
+        if self.mode != "sft":
+            _episodes_per_process(self)  # refused here, so the CLI says it in one line before anything loads
+
+    @property
+    def grpo_steps(self) -> int:
+        return self.steps if self.steps is not None else DEFAULT_GRPO_STEPS
+
+
+def _model_source(config: TrainConfig) -> tuple[str, Any]:
+    """A path TRL can load (it builds reference models from paths) and the tokenizer."""
+    from ..policy.factory import make_policy
+
+    if config.model in (None, "default"):
+        from ..policy.default_model import ensure_default_model
+
+        path = str(ensure_default_model())
+    elif config.model == "tiny":
+        path = str(Path(config.output_dir) / "initial_model")
+        if not Path(path, "config.json").is_file():
+            tiny = make_policy("tiny")
+            tiny.model.save_pretrained(path)
+            tiny.tokenizer.save_pretrained(path)
+    else:
+        path = config.model
+    from transformers import AutoTokenizer
+
+    return path, AutoTokenizer.from_pretrained(path)
+
+
+def _load_model(path: str, train_layers: int | None, instance: bool = False) -> Any:
+    """The model to train: the path itself where a path will do (TRL's GRPO loads it and can build a reference
+    copy from it), else an instance, with all but the top ``train_layers`` decoder layers frozen if set."""
+    if train_layers is None and not instance:
+        return path
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    if train_layers is None:
+        return model
+    layers = model.get_decoder().layers
+    model.requires_grad_(False)
+    for layer in layers[len(layers) - train_layers :]:
+        layer.requires_grad_(True)
+    model.get_decoder().norm.requires_grad_(True)
+    return model
+
+
+def _resume_point(out: Path) -> str | None:
+    """The newest *complete* checkpoint (the Trainer writes ``trainer_state.json`` last). A newer one cut short
+    by a crash is renamed ``incomplete-checkpoint-N`` so that nothing resumes from it."""
+    best: tuple[int, Path] | None = None
+    for path in sorted(out.glob("checkpoint-*")):
+        step = int(path.name.split("-")[-1]) if path.name.split("-")[-1].isdigit() else -1
+        if not (path / "trainer_state.json").is_file():
+            path.rename(path.with_name(f"incomplete-{path.name}"))
+        elif best is None or step > best[0]:
+            best = (step, path)
+    if best is None:
+        print(f"envace train: no complete checkpoint in {out}; starting from the beginning", flush=True)
+        return None
+    print(f"envace train: resuming from {best[1]}", flush=True)
+    return str(best[1])
+
+
+def _episodes_per_process(config: TrainConfig) -> int:
+    """``tasks_per_step`` is the global batch: under ``accelerate launch`` each process plays its share."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    episodes = config.tasks_per_step * config.group_size
+    if episodes % processes:
+        raise ValueError(
+            f"tasks_per_step x group_size = {episodes} episodes per step cannot be shared by {processes} processes; "
+            "make it a multiple of the number of processes"
+        )
+    return episodes // processes
+
+
+def _use_cpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+def _peft(config: TrainConfig) -> Any:
+    if not config.lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Run the training ``config`` describes; returns where things were written and the last metrics."""
+    from ..policy.transformers import check_model_source
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    check_model_source(config.model)  # a mistyped model or domain fails here, before anything loads
+    domain = make_domain(config.domain)
+    if config.gradient_checkpointing:  # the setting that asks for less memory (envace_gym.training.memory says why)
+        return_freed_memory()
+    started = time.perf_counter()
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_config.json").write_text(json.dumps(asdict(config), indent=2))
+    path, tokenizer = _model_source(config)
+    common = dict(
+        output_dir=str(out),
+        learning_rate=config.learning_rate,
+        logging_steps=config.logging_steps,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        report_to=config.report_to,
+        use_cpu=_use_cpu(),
+        seed=config.seed,
+    )
+    if config.mode == "sft":
+        from ..training.sft import run_sft, sft_dataset
+
+        dataset = sft_dataset(domain, tokenizer, "train", config.sft_tasks)
+        trainer = run_sft(
+            _load_model(path, config.train_layers, instance=True), tokenizer, dataset, str(out), epochs=config.sft_epochs,
+            learning_rate=config.learning_rate, batch_size=config.sft_batch_size, lora=config.lora, lora_r=config.lora_r,
+            report_to=config.report_to, seed=config.seed, max_steps=config.steps or -1,
+            logging_steps=config.logging_steps, save_steps=config.save_steps,
+            resume=(_resume_point(out) or False) if config.resume else False, dtype=config.dtype,
+            gradient_checkpointing=config.gradient_checkpointing, shared_prefix=config.shared_prefix,
+            pack_tokens=config.pack_tokens,
+        )  # fmt: skip
+    else:
+        from ..integrations.trl import (
+            EnvACEGRPOConfig,
+            EnvACEGRPOTrainer,
+            PackedGRPOConfig,
+            RealToolsGRPOTrainer,
+            real_tools_environment,
+            real_tools_reward,
+            task_dataset,
+        )
+
+        # TRL's tool loop spends `max_completion_length` on the whole multi-turn completion (tool results
+        # included); the collector spends `max_new_tokens` on each generation. Give the baseline a whole
+        # episode's worth so both get the same budget per Act turn.
+        turns = config.max_turns or domain.max_turns
+        grpo = dict(
+            per_device_train_batch_size=_episodes_per_process(config),
+            num_generations=config.group_size,
+            max_completion_length=config.max_new_tokens * (turns if config.mode == "real-tools" else 1),
+            temperature=config.temperature,
+            beta=config.beta,
+            scale_rewards="none",
+            delta=3.0,
+            use_bias_correction_kl=False,  # the paper's k3 KL estimate (matters only with beta > 0)
+            loss_type="dapo",
+            max_steps=config.grpo_steps,
+            bf16=resolve_dtype(config.dtype, "cpu" if _use_cpu() else "cuda") == torch.bfloat16,
+            activation_checkpointing=config.gradient_checkpointing,
+            shared_prefix=config.shared_prefix,
+            pack_tokens=config.pack_tokens,
+            **common,
+        )
+        if config.mode == "rehearsal":
+            args = EnvACEGRPOConfig(
+                domain=config.domain, rehearsal_mode=config.rehearsal_mode, max_turns=config.max_turns, **grpo
+            )
+            trainer = EnvACEGRPOTrainer(
+                model=_load_model(path, config.train_layers),
+                args=args,
+                processing_class=tokenizer,
+                peft_config=_peft(config),
+            )
+        else:
+            args = PackedGRPOConfig(**grpo)
+            trainer = RealToolsGRPOTrainer(
+                model=_load_model(path, config.train_layers),
+                reward_funcs=[real_tools_reward(domain)],
+                args=args,
+                train_dataset=task_dataset(domain, conversational=True),
+                processing_class=tokenizer,
+                environment_factory=real_tools_environment(domain),
+                peft_config=_peft(config),
+            )
+        trainer.train(resume_from_checkpoint=_resume_point(out) if config.resume else None)
+    final = out / "final"
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if config.lora and hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    history = list(trainer.state.log_history)
+    plot = None
+    if trainer.accelerator.is_main_process:  # one writer under `accelerate launch`
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        trainer.create_model_card(model_name=out.name)  # names the base model (envace_gym.training.model_card)
+        if (out / "README.md").is_file():
+            shutil.copyfile(out / "README.md", final / "README.md")  # so a run started from final/ names it too
+        with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
+            for entry in history:
+                f.write(json.dumps(entry) + "\n")
+        plot = plot_curves(history, out / "curves.png", title=f"{config.mode} on {config.domain}")
+    summary = {
+        "final_model": str(final),
+        "metrics": str(out / "metrics.jsonl"),
+        "plot": plot,
+        "num_processes": trainer.accelerator.num_processes,
+        "seconds": time.perf_counter() - started,
+        "last": history[-1] if history else {},
+    }
+    if trainer.accelerator.is_main_process:
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    trainer.accelerator.wait_for_everyone()  # no process returns while the main one is still writing
+    return summary
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> str | None:
+    """Reward and success per logged step (and the loss), as a PNG; ``None`` if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig = curves_figure(history, title)
+    if fig is None:
+        return None
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def curves_figure(history: list[dict[str, Any]], title: str = "") -> Any:
+    """The figure of :func:`plot_curves`: one panel per logged key of reward, success and loss."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    keys = [k for k in ("reward", "success", "loss") if any(k in h for h in history)]
+    if not keys:
+        return None
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.4), layout="constrained", squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        points = [(h["step"], h[key]) for h in history if key in h and "step" in h]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        ax.set_xlabel("optimizer step")
+        ax.set_title(key)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # values as they are, no "+1e-3" offset
+        if key in ("reward", "success"):  # [0, 1] (wider if weighted rewards leave it): runs stay comparable
+            values = [p[1] for p in points if p[1] == p[1]] or [0.0]
+            ax.set_ylim(min(-0.05, min(values) - 0.05), max(1.05, max(values) + 0.05))
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return fig

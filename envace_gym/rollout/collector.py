@@ -1,0 +1,245 @@
+"""The rollout collector: many world-rehearsal episodes to the end, batched, ready for training.
+
+``collect_rollouts(policy, domain, tasks, group_size=G)`` plays ``len(tasks) * G`` episodes. At each
+micro-step the Act turns of every live episode are generated in **one** call, then the episodes step
+together and their rehearsals are generated in one call per round (:func:`~envace_gym.episode.driver.run_lockstep`).
+Finished episodes leave the batch. Act prompts grow by appending ids (nothing is re-tokenized).
+
+The result holds, per episode, the reward and the messages, and the training rows: in ``separate`` mode one
+row per generation (role ``"act"`` or ``"rehearse"``, each with its own prompt), in ``inline`` mode one row
+per episode (role ``"episode"``) whose mask marks both roles' tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..domains.domain import Domain
+from ..domains.registry import make_domain
+from ..domains.task import Task
+from ..episode.driver import generate_batched, open_session, run_lockstep
+from ..episode.episode import Episode
+from ..episode.types import EpisodeConfig, Row
+from ..parsing.act import DEFAULT_LIMITS, Limits
+from ..policy.protocol import Generation, Policy, SamplingParams
+from ..progress import Progress, ProgressReporter
+from ..rehearsal.prompt import RehearsalConfig
+
+ACT_SOURCES = ("policy", "reference")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A training row with its episode's reward and its group (same task; GRPO groups)."""
+
+    role: str
+    group: int
+    episode: int
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    mask: tuple[int, ...]
+    reward: float | None
+
+
+@dataclass
+class EpisodeResult:
+    """One finished episode."""
+
+    index: int
+    group: int
+    task_id: str
+    reward: float | None  # None: the verifier could not judge (mask this episode)
+    success: bool
+    terminated: bool
+    truncated: bool
+    turns: int
+    checks: dict[str, bool]
+    messages: list[dict[str, Any]]
+    calls: list[dict[str, Any]]
+    rows: list[Row]
+    episode_row: Row  # the whole episode as one row (what `inline` trains; in `separate` mode, Act tokens marked)
+    error: dict[str, Any] | None = None
+    truncation: str | None = None  # why a truncated episode ended: "max_turns", "max_user_turns" or "context"
+
+
+@dataclass
+class RolloutBatch:
+    """What :func:`collect_rollouts` returns."""
+
+    episodes: list[EpisodeResult]
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def samples(self, roles: Iterable[str] | None = None) -> list[Sample]:
+        """Every training row, labelled with its group and its episode's reward."""
+        wanted = set(roles) if roles is not None else None
+        return [
+            Sample(r.role, e.group, e.index, r.prompt_ids, r.completion_ids, r.logprobs, r.mask, e.reward)
+            for e in self.episodes
+            for r in e.rows
+            if wanted is None or r.role in wanted
+        ]
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [e.reward for e in self.episodes]
+
+
+def collect_rollouts(
+    policy: Policy,
+    domain: str | Domain,
+    tasks: Sequence[Task | str],
+    group_size: int = 1,
+    *,
+    executor: str = "rehearsal",
+    rehearsal_mode: str = "separate",
+    act: str = "policy",
+    act_sampling: SamplingParams | None = None,
+    rehearsal: RehearsalConfig | None = None,
+    on_invalid: str = "terminate",
+    p_real: float = 0.5,
+    max_turns: int | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    tool_call_format: str | None = None,
+    seed: int = 0,
+    reuse_kv: bool = True,
+    actor: Callable[..., list[Generation]] | None = None,
+    progress: Progress = False,
+) -> RolloutBatch:
+    """Play ``group_size`` episodes of each task to the end, batching every generation.
+
+    Args:
+        policy: Writes the Act turns and the rehearsals (the same weights).
+        domain: A domain name, folder or object.
+        tasks: Tasks or task ids; each gives one group of ``group_size`` episodes.
+        group_size: Episodes per task (the G of GRPO).
+        executor, rehearsal_mode, on_invalid, p_real, max_turns, limits, tool_call_format: as for
+            :class:`~envace_gym.RehearsalEnv`.
+        act: ``"policy"`` (the policy writes the Act turns) or ``"reference"`` (each task's reference
+            solution does, so only the Rehearse role is exercised: fidelity checks, demos, SFT data).
+        act_sampling: Sampling of the Act turns (default: 512 new tokens, temperature 1).
+        rehearsal: The Rehearse role's settings.
+        seed: Seeds the generation batches and each episode's own ``np_random``.
+        reuse_kv: Keep each conversation's KV cache between turns (:mod:`envace_gym.policy.sessions`).
+        actor: Writes the Act turns instead of one batched policy call: ``actor(episodes, rng, session, keys)``
+            returns one generation per live episode (e.g. :class:`~envace_gym.rollout.planner.RehearsalPlanner`).
+        progress: ``True`` (or a label) shows a bar of finished episodes with the generation round; a callable
+            is called as ``progress(done, total)`` each time an episode finishes (:mod:`envace_gym.progress`).
+    """
+    if act not in ACT_SOURCES:
+        raise ValueError(f"act must be one of {ACT_SOURCES}, got {act!r}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be at least 1, got {group_size}")
+    domain = make_domain(domain)
+    act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
+    config = EpisodeConfig(
+        executor=executor,
+        rehearsal_mode=rehearsal_mode,
+        p_real=p_real,
+        on_invalid=on_invalid,
+        max_turns=max_turns,
+        rehearsal=rehearsal or RehearsalConfig(),
+        limits=limits,
+        tool_call_format=tool_call_format,
+    )
+    rng = np.random.default_rng(seed)
+    resolved = [t if isinstance(t, Task) else domain.task(t) for t in tasks]
+    episodes = [
+        Episode(
+            domain,
+            task,
+            config,
+            policy.tokenizer,
+            np.random.default_rng([seed, g, k]),
+            max_context=policy.max_context,
+            act_max_new_tokens=act_sampling.max_new_tokens if act == "policy" else 0,  # text turns need no reserve
+            key=g * group_size + k,
+        )
+        for g, task in enumerate(resolved)
+        for k in range(group_size)
+    ]
+    session = open_session(policy) if reuse_kv else None
+    groups = [g for g in range(len(resolved)) for _ in range(group_size)]
+    results: list[EpisodeResult | None] = [None] * len(episodes)
+    live = list(range(len(episodes)))
+    started, act_calls, act_tokens, rounds = time.perf_counter(), 0, 0, 0
+    bar = ProgressReporter(progress, len(episodes), "episodes", "ep")
+    while live:
+        rounds += 1
+        bar.note(round=rounds, live=len(live))
+        if act == "policy":
+            if actor is not None:
+                gens: list[Generation | None] = list(actor([episodes[i] for i in live], rng, session, live))
+            else:
+                prompts = [episodes[i].prompt_ids for i in live]
+                gens = list(generate_batched(policy, prompts, act_sampling, rng, session, live))
+            actions = [g.text for g in gens]  # type: ignore[union-attr]
+            act_calls += 1
+            act_tokens += sum(len(g.completion_ids) for g in gens)  # type: ignore[union-attr]
+        else:
+            gens = [None] * len(live)
+            actions = [_reference_action(episodes[i]) for i in live]
+        steps = [episodes[i].step(a, g) for i, a, g in zip(live, actions, gens, strict=True)]
+        outcomes = run_lockstep(steps, policy, rng, session)
+        still = []
+        for i, outcome in zip(live, outcomes, strict=True):
+            if outcome.terminated or outcome.truncated:
+                results[i] = _result(i, groups[i], episodes[i], outcome)
+                bar.update(1)
+                if session is not None:
+                    session.forget([i])
+            else:
+                still.append(i)
+        live = still
+    bar.close()
+    done = [r for r in results if r is not None]
+    rehearse_tokens = sum(len(r.completion_ids) for e in done for r in e.rows if r.role == "rehearse")
+    stats = {
+        "seconds": time.perf_counter() - started,
+        "episodes": len(done),
+        "rounds": rounds,
+        "act_generate_calls": act_calls,
+        "act_tokens": act_tokens,
+        "rehearse_tokens": rehearse_tokens,
+        "mean_reward": float(np.mean([e.reward for e in done if e.reward is not None] or [0.0])),
+        "success_rate": float(np.mean([e.success for e in done] or [0.0])),
+        "masked_episodes": sum(e.reward is None for e in done),  # the verifier could not judge them
+        "kv_reused_tokens": getattr(session, "reused_tokens", 0),
+        "kv_computed_tokens": getattr(session, "computed_tokens", 0),
+    }
+    return RolloutBatch(done, stats)
+
+
+def _reference_action(episode: Episode) -> str:
+    turns = episode.task.reference
+    index = episode.turn  # the Act turns played so far
+    return episode.reference_action(turns[index]) if index < len(turns) else "I have nothing more to do."
+
+
+def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeResult:
+    info = outcome.info
+    reward_masked = info.get("reward_masked", False)
+    whole = episode.episode_row()
+    rows = [whole] if episode.config.rehearsal_mode == "inline" else list(episode.rows)
+    return EpisodeResult(
+        index=index,
+        group=group,
+        task_id=episode.task.id,
+        reward=None if reward_masked else float(outcome.reward),
+        success=bool(info.get("success", False)),
+        terminated=outcome.terminated,
+        truncated=outcome.truncated,
+        turns=episode.turn,
+        checks=dict(info.get("reward_checks", {})),
+        messages=info["messages"],
+        calls=[r.to_dict() for r in episode.records],
+        rows=rows,
+        episode_row=whole,
+        error=info.get("error"),
+        truncation=info.get("truncation"),
+    )

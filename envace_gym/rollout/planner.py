@@ -1,0 +1,230 @@
+"""Test-time private rehearsal: rehearse N futures, remember, then commit one real execution.
+
+No reference code exists for this part of the method; this follows the paper's description (docs/method.md, "Test-time
+private rehearsal"). Before each committed Act turn of a real episode, the policy rehearses privately, in its own
+imagination only:
+
+* ``parallel``: N imagined continuations from the current conversation, sampled independently;
+* ``sequential``: rehearsal n starts from the conversation plus the earlier rehearsals and their
+  self-assessments;
+
+each one up to ``horizon`` Act turns, every tool call answered by the policy itself (``executor="rehearsal"``,
+without the task's reference results: at test time nothing privileged is known), ending at a final answer,
+which in imagination is not followed by any user turn and is not scored. After each rehearsal the policy
+writes a short self-assessment with revision suggestions. Everything is condensed into a **rehearsal memory**,
+a private note placed just before the committed Act turn, which then goes to the real executor. ``budget=0``
+is plain acting.
+
+Accounting: rehearsals never call the real executor (``ToolExecutor.calls_executed`` counts the calls that
+did), and every token generated in rehearsal is counted (:attr:`RehearsalPlanner.stats`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from ..episode.driver import generate_batched, run_lockstep
+from ..episode.episode import Episode
+from ..policy.protocol import Generation, Policy, SamplingParams
+from ..rehearsal.prompt import RehearsalConfig
+
+MODES = ("parallel", "sequential")
+
+ASSESS_SYSTEM = (
+    "You review an imagined attempt at a task, made before acting for real. Be brief and concrete: did the "
+    "attempt do what the user asked? Which tool calls or arguments were wrong or missing? What should the real "
+    "attempt do differently? Finish with one line: 'Verdict: keep' or 'Verdict: revise'."
+)
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Private-rehearsal budget and sampling.
+
+    Attributes:
+        budget: N, imagined rehearsals before each committed Act turn (0: plain acting).
+        mode: ``"parallel"`` or ``"sequential"``.
+        horizon: Most imagined Act turns per rehearsal.
+        max_new_tokens: Token budget of each imagined Act turn and rehearsed tool response.
+        assessment_tokens: Token budget of each self-assessment.
+        temperature: Sampling temperature of rehearsals and assessments.
+        memory_chars: Longest rehearsal memory (its oldest parts are cut first).
+    """
+
+    budget: int = 2
+    mode: str = "parallel"
+    horizon: int = 3
+    max_new_tokens: int = 96
+    assessment_tokens: int = 64
+    temperature: float = 0.7
+    memory_chars: int = 3000
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.budget < 0:
+            raise ValueError("budget must be >= 0")
+
+
+class RehearsalPlanner:
+    """Writes committed Act turns for a batch of real episodes, after private rehearsal.
+
+    Use it as the collector's ``actor`` (``collect_rollouts(..., actor=planner)``), through
+    :class:`PrivateRehearsal` around a single env, or directly: ``planner(episodes, rng, session)``.
+    """
+
+    def __init__(
+        self, policy: Policy, config: PlannerConfig | None = None, act_sampling: SamplingParams | None = None
+    ) -> None:
+        self.policy = policy
+        self.config = config or PlannerConfig()
+        self.act_sampling = act_sampling or SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=0.0)
+        self.stats = {"rehearsals": 0, "rehearsal_tokens": 0, "committed_turns": 0}
+        self.last_memories: list[str] = []
+
+    # -- the committed turn ---------------------------------------------------------------------------
+    def __call__(
+        self,
+        episodes: Sequence[Episode],
+        rng: np.random.Generator,
+        session: Any = None,
+        keys: Sequence[Hashable] | None = None,
+    ) -> list[Generation]:
+        keys = list(keys) if keys is not None else [e.key for e in episodes]
+        self.stats["committed_turns"] += len(episodes)
+        if self.config.budget == 0:  # plain acting: exactly the collector's own call
+            self.last_memories = [""] * len(episodes)
+            return generate_batched(
+                self.policy, [e.prompt_ids for e in episodes], self.act_sampling, rng, session, keys
+            )
+        notes: list[list[str]] = [[] for _ in episodes]
+        rounds = 1 if self.config.mode == "parallel" else self.config.budget
+        per_round = self.config.budget if self.config.mode == "parallel" else 1
+        for _ in range(rounds):
+            starts = [(i, self._memory(notes[i])) for i in range(len(episodes)) for _ in range(per_round)]
+            forks = [self._fork(episodes[i], memory, rng) for i, memory in starts]
+            self._imagine(forks, rng, session)
+            assessments = self._assess(forks, rng, session)
+            for (i, _), fork, assessment in zip(starts, forks, assessments, strict=True):
+                notes[i].append(self._summary(fork, assessment, len(notes[i]) + 1))
+        self.last_memories = [self._memory(n) for n in notes]
+        prompts = [e.prompt_with_note(m)[0] for e, m in zip(episodes, self.last_memories, strict=True)]
+        # The memory changes the prompt's middle, so these prompts continue no cached conversation; the session
+        # still encodes the part they share with the forks (system prompt, tools, the conversation so far) once.
+        return generate_batched(self.policy, prompts, self.act_sampling, rng, session)
+
+    # -- imagination ----------------------------------------------------------------------------------
+    def _fork(self, episode: Episode, memory: str, rng: np.random.Generator) -> Episode:
+        config = replace(
+            episode.config,
+            executor="rehearsal",
+            rehearsal_mode="separate",
+            on_invalid="feedback",
+            max_turns=self.config.horizon,
+            rehearsal=RehearsalConfig(
+                max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature, include_reference=False
+            ),
+        )
+        fork = episode.fork(config, np.random.default_rng(int(rng.integers(2**31))))
+        if memory:
+            fork.prompt_ids, fork.prompt_text = episode.prompt_with_note(memory)
+        return fork
+
+    def _imagine(self, forks: list[Episode], rng: np.random.Generator, session: Any = None) -> None:
+        params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature)
+        live = list(forks)
+        while live:
+            gens = generate_batched(self.policy, [f.prompt_ids for f in live], params, rng, session)
+            outcomes = run_lockstep(
+                [f.step(g.text, g) for f, g in zip(live, gens, strict=True)], self.policy, rng, session
+            )
+            live = [f for f, o in zip(live, outcomes, strict=True) if not (o.terminated or o.truncated)]
+        self.stats["rehearsals"] += len(forks)
+        self.stats["rehearsal_tokens"] += sum(len(r.completion_ids) for f in forks for r in f.rows)  # Act + Rehearse
+
+    def _assess(self, forks: list[Episode], rng: np.random.Generator, session: Any = None) -> list[str]:
+        prompts = []
+        for fork in forks:
+            chat = [
+                {"role": "system", "content": ASSESS_SYSTEM},
+                {"role": "user", "content": fork.chat.neutralize(_transcript(fork))},
+            ]
+            prompts.append(fork.chat.encode(fork.chat.render(chat)))
+        params = SamplingParams(max_new_tokens=self.config.assessment_tokens, temperature=self.config.temperature)
+        gens = generate_batched(self.policy, prompts, params, rng, session)
+        self.stats["rehearsal_tokens"] += sum(len(g.completion_ids) for g in gens)
+        return [g.text.strip() for g in gens]
+
+    def _summary(self, fork: Episode, assessment: str, n: int) -> str:
+        lines = [f"Rehearsal {n}:"]
+        for record in fork.records:
+            call = record.call
+            if call is None:
+                lines.append("- a malformed tool call")
+                continue
+            outcome = record.error.code.value if record.error else _short(record.result)
+            lines.append(f"- {call.name}({_short(dict(call.arguments))}) -> {outcome}")
+        if fork.answers:
+            lines.append(f"- answer: {_short(fork.answers[-1])}")
+        lines.append(f"Self-assessment: {assessment}")
+        return "\n".join(lines)
+
+    def _memory(self, notes: list[str]) -> str:
+        if not notes:
+            return ""
+        text = "\n\n".join(notes)
+        text = text[-self.config.memory_chars :]
+        return (
+            "Rehearsal memory (private: imagined attempts, no tool was really called). Use it to act better now.\n\n"
+            + text
+        )
+
+
+def _short(value: Any, width: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _transcript(fork: Episode) -> str:
+    user = next(m["content"] for m in fork.messages if m["role"] == "user")
+    lines = [f"Task: {user}", "Imagined attempt:"]
+    for message in fork.messages[2:]:
+        role = message["role"]
+        label = f"tool {message.get('name', '')}".strip() if role == "tool" else role
+        lines.append(f"[{label}] {_short(message['content'], 400)}")
+    return "\n".join(lines)
+
+
+class PrivateRehearsal(gym.Wrapper):
+    """A Gymnasium wrapper around a real-executor :class:`~envace_gym.env.RehearsalEnv` whose :meth:`act`
+    rehearses privately before writing the committed Act turn; :meth:`step` is the env's own, with the
+    accounting added to ``info["private_rehearsal"]`` (real-executor calls so far, rehearsal tokens so far)."""
+
+    def __init__(self, env: gym.Env, config: PlannerConfig | None = None) -> None:
+        super().__init__(env)
+        inner = env.unwrapped
+        self.planner = RehearsalPlanner(inner.policy, config, inner.act_sampling)
+
+    def act(self) -> str:
+        inner = self.env.unwrapped
+        (gen,) = self.planner([inner.episode], inner.np_random, inner.session)
+        inner._act_generation = gen
+        return gen.text
+
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        executor = self.env.unwrapped.episode.executor
+        info["private_rehearsal"] = {
+            "budget": self.planner.config.budget,
+            "mode": self.planner.config.mode,
+            "real_calls": executor.calls_executed if executor is not None else 0,
+            "rehearsal_tokens": self.planner.stats["rehearsal_tokens"],
+            "memory": self.planner.last_memories[0] if self.planner.last_memories else "",
+        }
+        return obs, reward, terminated, truncated, info

@@ -1,0 +1,230 @@
+"""A compact, pure-torch EnvACE trainer: role-wise GRPO on world-rehearsal rollouts.
+
+Read it top to bottom against docs/method.md ("Reward and objective"):
+
+1. **Roll out** G episodes per task with the collector. The policy acts, and the *same weights* rehearse
+   every tool call (``executor="rehearsal"``); each generation becomes a training row carrying its episode's
+   task-success reward R (``separate`` mode: Act rows and Rehearse rows; ``inline`` mode: one row per episode
+   with both roles' tokens marked).
+2. **Advantages, role-wise**: A = R - mean(R over the rows of that role in the same group), no std division.
+3. **One on-policy gradient step**: the PPO clipped objective (epsilon 0.2) with dual-clip (c = 3) for
+   negative advantages, averaged over every trained token of the batch (token-mean), plus an optional
+   low-variance KL penalty (k3) against a frozen reference copy. The log-probabilities come from the
+   shared-prefix forward (:mod:`envace_gym.training.packing`): the rows' common prefixes are encoded once, with the
+   same values as a per-row forward.
+
+It needs nothing but torch and the collector, which is the point: any RL loop can drive the environment.
+For TRL's trainers see :mod:`envace_gym.integrations.trl`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..domains.registry import make_domain
+from ..policy.precision import autocast, resolve_dtype
+from ..policy.protocol import SamplingParams
+from ..policy.transformers import TransformersPolicy
+from ..rehearsal.prompt import RehearsalConfig
+from ..rollout.collector import Sample, collect_rollouts
+from .advantages import rolewise_advantages
+from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
+
+
+@dataclass
+class TrainerConfig:
+    """Settings of :func:`train`; every field has a ``help`` for ``envace train --help``."""
+
+    domain: str = field(default="bank", metadata={"help": "Domain to train on (name, folder or dataset file)."})
+    rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (the paper's) or 'inline'."})
+    executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls during training rollouts."})
+    steps: int = field(default=10, metadata={"help": "Gradient steps (one per batch of rollouts)."})
+    tasks_per_step: int = field(default=2, metadata={"help": "Tasks per batch (each gives one group)."})
+    group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO."})
+    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate (the paper: 1e-6 for 8B)."})
+    clip_eps: float = field(default=0.2, metadata={"help": "PPO clip range epsilon."})
+    dual_clip: float | None = field(default=3.0, metadata={"help": "Dual-clip bound c for negative advantages."})
+    kl_coef: float = field(default=0.0, metadata={"help": "Low-variance KL coefficient (the paper: 1e-4 or 0)."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Token budget of each Act turn and rehearsal."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
+    max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+    micro_batch_tokens: int = field(
+        default=DEFAULT_PACK_TOKENS,
+        metadata={"help": "Tokens per forward/backward micro-batch (packed: distinct prefix-tree positions)."},
+    )
+    packing: bool = field(
+        default=True, metadata={"help": "Shared-prefix forward: encode each prefix rows share once (exact)."}
+    )
+    dtype: str = field(
+        default="auto", metadata={"help": "Compute dtype: auto (bfloat16 where faster), float32 or bfloat16."}
+    )
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    seed: int = field(default=0, metadata={"help": "Seeds task draws and sampling."})
+
+
+def token_logprobs(
+    model: Any,
+    rows: Sequence[Sample],
+    temperature: float,
+    *,
+    packing: bool = True,
+    budget: int = DEFAULT_PACK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(completion token | everything before it) at ``temperature``, for a batch of rows.
+
+    Returns ``(logprobs, mask)`` of shape (rows, longest completion), completions left-aligned. With ``packing``
+    the rows go through the shared-prefix forward (:mod:`envace_gym.training.packing`; the same values, fewer tokens
+    encoded), else through one padded batch.
+    """
+    per_row = completion_logprobs(
+        model, [r.prompt_ids for r in rows], [r.completion_ids for r in rows], temperature, packing=packing,
+        budget=budget,
+    )  # fmt: skip
+    width = max(len(r.completion_ids) for r in rows)
+    device = per_row[0].device
+    logp = torch.zeros((len(rows), width), device=device)
+    mask = torch.zeros((len(rows), width), device=device)
+    for i, (r, lp) in enumerate(zip(rows, per_row, strict=True)):
+        logp[i, : len(lp)] = lp
+        mask[i, : len(r.mask)] = torch.tensor(r.mask, dtype=torch.float, device=device)
+    return logp, mask
+
+
+def micro_batches(items: list[Any], budget: int, size: Callable[[Any], int]) -> list[list[Any]]:
+    """Consecutive groups of items whose padded size (rows x longest) stays within ``budget`` tokens."""
+    out: list[list[Any]] = []
+    for item in sorted(items, key=size):
+        if out and (len(out[-1]) + 1) * max(size(item), *(size(x) for x in out[-1])) <= budget:
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
+
+
+def _micro_batches(model: Any, pairs: list[tuple[Sample, float]], config: TrainerConfig) -> list[list[Any]]:
+    """(row, advantage) pairs in groups of one forward and backward each, within ``micro_batch_tokens``:
+    packed, the positions of a group's prefix tree (rows that share prefixes land together); plain, the
+    padded size."""
+    if config.packing and packing_support(model) is None:
+        packs = plan_packs([s.prompt_ids + s.completion_ids for s, _ in pairs], config.micro_batch_tokens)
+        return [[pairs[i] for i in pack] for pack in packs]
+    return micro_batches(pairs, config.micro_batch_tokens, lambda p: len(p[0].prompt_ids) + len(p[0].completion_ids))
+
+
+def grpo_loss(
+    model: Any,
+    rows: Sequence[Sample],
+    advantages: Sequence[float],
+    config: TrainerConfig,
+    total_tokens: int,
+    reference: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped policy-gradient loss of ``rows``, divided by ``total_tokens`` (the batch's trained tokens,
+    so micro-batches add up to a token-mean). The "old" log-probs are those recorded while sampling."""
+    device = next(model.parameters()).device
+    with autocast(resolve_dtype(config.dtype, device), device):
+        logp, mask = token_logprobs(
+            model, rows, config.temperature, packing=config.packing, budget=config.micro_batch_tokens
+        )
+    old = torch.zeros_like(logp)
+    for i, s in enumerate(rows):
+        old[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
+    adv = torch.tensor(list(advantages), dtype=logp.dtype, device=logp.device)[:, None]
+    ratio = torch.exp(logp - old)
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - config.clip_eps, 1 + config.clip_eps) * adv)
+    if config.dual_clip is not None:  # dual-clip: bound how far a negative advantage can push
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, config.dual_clip * adv), surrogate)
+    per_token = -surrogate
+    kl_sum = 0.0
+    if reference is not None:
+        with torch.no_grad(), autocast(resolve_dtype(config.dtype, device), device):
+            ref_logp, _ = token_logprobs(
+                reference, rows, config.temperature, packing=config.packing, budget=config.micro_batch_tokens
+            )
+        kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1  # k3: the low-variance KL estimate
+        per_token = per_token + config.kl_coef * kl
+        kl_sum = float((kl * mask).sum().detach())
+    loss = (per_token * mask).sum() / max(total_tokens, 1)
+    clipped = float((((ratio - 1).abs() > config.clip_eps).float() * mask).sum().detach())
+    return loss, {"loss": float(loss.detach()), "clipped": clipped, "kl": kl_sum}
+
+
+def train(
+    policy: TransformersPolicy, config: TrainerConfig, log: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Train ``policy.model`` in place; returns one metrics dict per step (also passed to ``log``)."""
+    model, domain = policy.model, make_domain(config.domain)
+    tasks = domain.tasks("train")
+    rng = np.random.default_rng(config.seed)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_coef > 0 else None
+    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+    rehearsal = RehearsalConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+    # Rollouts sample in the dtype the loss recomputes in, so the recorded log-probs are the "old" ones.
+    dtype = resolve_dtype(config.dtype, next(model.parameters()).device)
+    actor = policy.with_compute_dtype(None if dtype == torch.float32 else dtype)
+    history = []
+    for step in range(config.steps):
+        started = time.perf_counter()
+
+        # 1. Roll out: G episodes per task; the policy acts and rehearses with the same weights.
+        chosen = [tasks[int(i)] for i in rng.choice(len(tasks), size=config.tasks_per_step, replace=False)]
+        model.eval()
+        batch = collect_rollouts(
+            actor, domain, chosen, config.group_size, executor=config.executor,
+            rehearsal_mode=config.rehearsal_mode, act_sampling=sampling, rehearsal=rehearsal,
+            max_turns=config.max_turns, seed=int(rng.integers(2**31)),
+        )  # fmt: skip
+        samples = [s for s in batch.samples() if any(s.mask)]
+
+        # 2. Role-wise advantages: A = R - mean(R of the same role in the same group), no std division.
+        advantages = rolewise_advantages(
+            [s.group for s in samples], [s.role for s in samples], [s.reward for s in samples]
+        )
+        trained_tokens = sum(sum(s.mask) for s in samples if s.reward is not None)
+
+        # 3. One gradient step on the clipped objective, token-mean over the batch (masked episodes skipped).
+        #    Micro-batches share their rows' common prefixes (packing); their losses add up to the token-mean.
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        totals = {"loss": 0.0, "clipped": 0.0, "kl": 0.0}
+        pairs = [(s, a) for s, a in zip(samples, advantages, strict=True) if s.reward is not None]
+        for micro in _micro_batches(model, pairs, config):
+            loss, stats = grpo_loss(
+                model, [s for s, _ in micro], [a for _, a in micro], config, trained_tokens, reference
+            )
+            loss.backward()
+            totals = {k: totals[k] + stats[k] for k in totals}
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+        optimizer.step()
+        model.eval()
+
+        rewards = [e.reward for e in batch.episodes if e.reward is not None]
+        metrics = {
+            "step": step + 1,
+            "reward": float(np.mean(rewards)) if rewards else float("nan"),
+            "success": batch.stats["success_rate"],
+            "loss": totals["loss"],
+            "grad_norm": grad_norm,
+            "clip_fraction": totals["clipped"] / max(trained_tokens, 1),
+            "kl": totals["kl"] / max(trained_tokens, 1),
+            "rows_act": sum(s.role == "act" for s in samples),
+            "rows_rehearse": sum(s.role == "rehearse" for s in samples),
+            "trained_tokens": trained_tokens,
+            "masked_episodes": batch.stats["masked_episodes"],  # their verifier (or judge) could not score them
+            "seconds": time.perf_counter() - started,
+        }
+        history.append(metrics)
+        if log is not None:
+            log(metrics)
+    return history
+
+
+__all__ = ["TrainerConfig", "grpo_loss", "token_logprobs", "train"]
