@@ -6,6 +6,7 @@ holds one :class:`ToolCallFormat` per model family.
 
 from __future__ import annotations
 
+from ..tools.canonical import call_key, canonical, canonical_json  # their home before 0.2
 from .act import (
     DEFAULT_LIMITS,
     RESULT_CLOSE,
@@ -24,6 +25,9 @@ from .act import (
 from .formats import FORMATS, ToolCallFormat, detect_format, tool_call_format
 
 __all__ = [
+    "call_key",
+    "canonical",
+    "canonical_json",
     "DEFAULT_LIMITS",
     "FORMATS",
     "Limits",

@@ -1,0 +1,137 @@
+"""The package's layout holds: the import-layer contract, torch-free early stages, no private access across
+modules, and the old module paths of 0.1 still importable (docs/design.md, "Layout")."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "envace_gym"
+
+
+def test_import_contract_holds():
+    """The pipeline's layers and no cycles, as pyproject.toml's [tool.importlinter] states them."""
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(lint_imports)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+def test_early_stages_import_without_torch():
+    """tools, parsing, domains (and the package itself, its ids and domains) import with torch unavailable."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # `import torch` now raises ImportError
+        "import gymnasium as gym\n"
+        "import envace_gym, envace_gym.tools, envace_gym.parsing, envace_gym.domains\n"
+        "from envace_gym import ToolRegistry, SamplingParams, make_domain\n"
+        "assert 'EnvACE-Rehearsal-v0' in gym.registry\n"
+        "domain = make_domain('bank')\n"
+        "call = envace_gym.ToolCall('get_balance', {'account_id': 'ACC-1001'})\n"
+        "assert domain.tools.validate(call).ok\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _private_attributes(tree: ast.Module) -> set[str]:
+    """The private attributes a module's classes define: ``self._x = ...``, class-level ``_x``, ``def _x``."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("_"):
+                    names.add(item.name)
+                elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                    names |= {t.id for t in targets if isinstance(t, ast.Name) and t.id.startswith("_")}
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            if isinstance(node.ctx, ast.Store) and node.attr.startswith("_"):
+                names.add(node.attr)
+    return {n for n in names if not (n.startswith("__") and n.endswith("__"))}
+
+
+def test_no_private_attribute_access_across_modules():
+    """A module reads or writes ``obj._x`` only where ``_x`` is its own: another module's private state is
+    reached through public methods (the vector env steps its envs, the planner forks episodes, that way)."""
+    modules = _modules()
+    owned = {path: _private_attributes(tree) for path, tree in modules.items()}
+    everyone = set().union(*owned.values())
+    found = []
+    for path, tree in modules.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr in everyone and node.attr not in owned[path]:
+                found.append(f"{path}:{node.lineno} .{node.attr}")
+    assert not found, "private attributes of another module's classes:\n" + "\n".join(found)
+
+
+# The subpackages that took an old module's name re-export what it held (a sample per package: the names users
+# import); the other old paths are aliases of the modules they moved to.
+KEPT = {
+    "envace_gym.tools": ["ToolCall", "ToolSchema", "ToolRegistry", "ValidationResult", "call_from_json"],
+    "envace_gym.parsing": ["parse_act", "canonical_json", "call_key", "parse_execution_result", "Limits", "DEFAULT_LIMITS", "RESULT_CLOSE"],
+    "envace_gym.domains": ["Domain", "GeneratedDomain", "FolderDomain", "Task", "ReferenceTurn", "ReferenceRecorder",
+                           "Trajectory", "CallRecord", "RewardResult", "make_domain", "register_domain",
+                           "list_domains", "SPLITS", "stable_hash", "score_expected"],
+    "envace_gym.policy": ["Policy", "SamplingParams", "Generation", "TransformersPolicy", "make_policy",
+                          "check_model_source", "stop_token_ids", "END_OF_TURN_TOKENS"],
+    "envace_gym.episode": ["Episode", "EpisodeConfig", "GenerationRequest", "Row", "StepOutcome", "REHEARSAL_MODES"],
+    "envace_gym.env": ["RehearsalEnv", "DEFAULT_DOMAIN"],
+    "envace_gym.rollout": ["collect_rollouts", "RolloutBatch", "EpisodeResult", "Sample", "ACT_SOURCES"],
+    "envace_gym.cli": ["main", "build_parser"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("package", sorted(KEPT))
+def test_subpackages_keep_the_old_modules_names(package):
+    module = importlib.import_module(package)
+    missing = [name for name in KEPT[package] if not hasattr(module, name)]
+    assert not missing, f"{package} lost {missing}"
+
+
+def test_old_module_paths_alias_the_new_modules():
+    from envace_gym._moved import MOVED
+
+    for old, new in MOVED.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old  # one module object: monkeypatch and isinstance agree
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
+    from envace_gym.trainer import TrainerConfig  # the from-import form too
+
+    assert TrainerConfig.__module__ == "envace_gym.training.trainer"
+
+
+def test_package_code_uses_no_old_path():
+    """The package itself imports only the new paths (the aliases are for users' code)."""
+    from envace_gym._moved import MOVED
+
+    found = []
+    for path, tree in _modules().items():
+        package = path[: -len(".py")].split("/")[:-1]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+            if any(name in MOVED for name in names):
+                found.append(f"{path}:{node.lineno} {module}")
+    assert not found, found
