@@ -338,3 +338,68 @@ class CounterDomain(GeneratedDomain):
 
     def build_task(self, params, task_id, split):
         return Task(task_id, self.name, f"Add {params['by']}.", split, expected={"state": {"value": params["by"]}})
+
+
+def test_episode_config_build_coerces_and_validates():
+    from envace_gym.episode import MAX_USER_TURNS, EpisodeConfig
+    from envace_gym.parsing import Limits
+
+    config = EpisodeConfig.build(executor="real", rehearsal={"max_new_tokens": 7}, limits={"max_calls_per_turn": 2})
+    assert config.rehearsal == RehearsalConfig(max_new_tokens=7) and config.limits == Limits(max_calls_per_turn=2)
+    assert EpisodeConfig.build() == EpisodeConfig() and EpisodeConfig().max_user_turns == MAX_USER_TURNS
+    assert EpisodeConfig.build(rehearsal=RehearsalConfig(prefill=False)).rehearsal.prefill is False
+    with pytest.raises(TypeError, match="unknown EpisodeConfig field"):
+        EpisodeConfig.build(max_turnz=3)
+    with pytest.raises(TypeError, match="unknown RehearsalConfig field"):
+        EpisodeConfig.build(rehearsal={"max_tokens": 3})
+    with pytest.raises(TypeError, match="limits must be a Limits"):
+        EpisodeConfig.build(limits=5)
+    with pytest.raises(ValueError, match="executor must be one of"):
+        EpisodeConfig.build(executor="oracle")
+
+
+def test_generation_requests_and_call_states_hold_only_what_is_read():
+    import dataclasses
+
+    from envace_gym.episode import CallState, GenerationRequest
+
+    assert [f.name for f in dataclasses.fields(GenerationRequest)] == ["prompt_ids", "params", "key"]
+    state = CallState(ToolCall("find_accounts", {"owner": "Dara"}))
+    assert (state.route, state.response, state.error) == (None, None, None)
+
+
+def test_the_env_hands_out_its_episode_step_and_keeps_an_actors_generation(tiny):
+    from envace_gym.episode import EpisodeDriver
+
+    env = make("bank", tiny, executor="real", act_sampling=SamplingParams(max_new_tokens=8, temperature=0))
+    inner = env.unwrapped
+    assert inner.current_episode is None
+    env.reset(seed=0)
+    assert inner.current_episode is inner.episode
+    seen = []
+
+    def actor(episodes, rng, session, keys):
+        seen.append((list(episodes), list(keys)))
+        return inner.driver().generate([e.prompt_ids for e in episodes], SamplingParams(max_new_tokens=8), keys)
+
+    step = inner.step_coroutine(ToolCall("find_accounts", {"owner": "Nobody"}).to_text())
+    (outcome,) = EpisodeDriver.without_policy("the real executor answers").step([step])
+    assert not (outcome.terminated or outcome.truncated) and outcome.info["act"]["generated"] is False
+    action = inner.act(actor=actor)
+    assert seen == [([inner.episode], [inner.episode.key])]
+    info = env.step(action)[4]
+    assert info["act"]["generated"]  # the actor's generation was kept, ids and log-probs
+
+
+def test_a_fork_with_a_note_starts_from_the_noted_prompt(tiny):
+    import dataclasses
+
+    env = make("bank", tiny, executor="real")
+    env.reset(seed=0)
+    episode = env.unwrapped.episode
+    config = dataclasses.replace(episode.config, executor="rehearsal")
+    plain = episode.fork(config, np.random.default_rng(0))
+    assert plain.prompt_ids == episode.prompt_ids and plain.prompt_text == episode.prompt_text
+    noted = episode.fork(config, np.random.default_rng(0), note="Remember: look the account up first.")
+    assert (noted.prompt_ids, noted.prompt_text) == episode.prompt_with_note("Remember: look the account up first.")
+    assert episode.prompt_text.count("Remember") == 0  # the episode itself is unchanged

@@ -170,7 +170,7 @@ def test_inline_rows_mask_the_scaffolding():
     pending = [c for c, _ in task.reference_pairs()]
 
     def respond(prompt: str) -> str:
-        return envace_gym.episode._dump(executor.execute(pending.pop(0))) + "\n</tool_response>"
+        return envace_gym.episode.episode._dump(executor.execute(pending.pop(0))) + "\n</tool_response>"
 
     from envace_gym.testing import ScriptedPolicy
 
@@ -183,7 +183,7 @@ def test_inline_rows_mask_the_scaffolding():
     assert "<tool_response>" in masked and "<|im_start|>assistant" in masked
     assert "<tool_response>" not in trained and "</tool_response>" in trained  # the model closes its response
     for _call, result in task.reference_pairs():
-        assert envace_gym.episode._dump(result) in trained
+        assert envace_gym.episode.episode._dump(result) in trained
 
 
 def test_progress_callbacks_count_every_unit_of_work(tiny):
@@ -218,3 +218,75 @@ def test_progress_bar_is_opt_in(tiny, capsys):
     assert "episodes" not in capsys.readouterr().err  # silent unless asked
     collect_rollouts(tiny, "units", ["units/000"], act="reference", rehearsal=REHEARSE_GREEDY, progress="my pass")
     assert "my pass" in capsys.readouterr().err
+
+
+def test_collect_rollouts_honours_max_user_turns():
+    # travel/004 has scripted user turns: a reference replay answers, then the next user turn comes
+    from envace_gym.testing import ScriptedPolicy
+
+    kwargs = dict(executor="real", act="reference")
+    (played,) = collect_rollouts(ScriptedPolicy([]), "travel", ["travel/004"], **kwargs).episodes
+    assert played.terminated and played.reward == 1.0
+    (cut,) = collect_rollouts(ScriptedPolicy([]), "travel", ["travel/004"], max_user_turns=1, **kwargs).episodes
+    assert cut.truncated and not cut.terminated and cut.truncation == "max_user_turns"
+    assert sum(m["role"] == "user" for m in cut.messages) == 2  # the second user turn arrived, then the cut
+
+
+def test_the_driver_plays_a_turn_as_generate_then_lockstep_did(tiny):
+    import numpy as np
+
+    from envace_gym.episode import Episode, EpisodeConfig, EpisodeDriver, generate_batched, run_lockstep
+
+    domain = make_domain("bank")
+    config = EpisodeConfig.build(on_invalid="feedback", rehearsal={"max_new_tokens": 8, "temperature": 1.0})
+    params = SamplingParams(max_new_tokens=16, temperature=1.0)
+
+    def episodes():
+        return [
+            Episode(domain, domain.task(f"bank/00{i}"), config, tiny.tokenizer, np.random.default_rng(i), key=i)
+            for i in range(2)
+        ]
+
+    by_hand, rng = episodes(), np.random.default_rng(7)
+    gens = generate_batched(tiny, [e.prompt_ids for e in by_hand], params, rng, None, [e.key for e in by_hand])
+    manual = run_lockstep([e.step(g.text, g) for e, g in zip(by_hand, gens, strict=True)], tiny, rng)
+    driven = episodes()
+    done = []
+    outcomes = EpisodeDriver(tiny, np.random.default_rng(7)).play_turn(driven, params, on_done=done.append)
+    assert [o.info["messages"] for o in outcomes] == [o.info["messages"] for o in manual]
+    assert [e.rows for e in driven] == [e.rows for e in by_hand] and sorted(done) == [0, 1]
+    with pytest.raises(ValueError, match="one move per episode"):
+        EpisodeDriver(tiny, rng).play(driven, ["hi"])
+
+
+def test_a_driver_without_policy_refuses_to_generate(tiny):
+    import numpy as np
+
+    from envace_gym import DomainError
+    from envace_gym.episode import Episode, EpisodeConfig, EpisodeDriver
+
+    domain = make_domain("bank")
+    task = domain.task("bank/000")
+    replay = EpisodeDriver.without_policy("this replay may not generate")
+    real = Episode(domain, task, EpisodeConfig.build(executor="real"), tiny.tokenizer, np.random.default_rng(0))
+    (outcome,) = replay.play([real], [real.reference_act()])  # the real executor answers: nothing generated
+    assert outcome.info["calls"] and outcome.info["calls"][0]["route"] == "real"
+    rehearsed = Episode(domain, task, EpisodeConfig.build(), tiny.tokenizer, np.random.default_rng(0))
+    with pytest.raises(DomainError, match="this replay may not generate"):
+        replay.play([rehearsed], [rehearsed.reference_act()])
+
+
+def test_reference_act_follows_the_reference_then_has_nothing_more_to_do(tiny):
+    import numpy as np
+
+    from envace_gym.episode import NOTHING_MORE, Episode, EpisodeConfig, EpisodeDriver
+
+    domain = make_domain("bank")
+    task = domain.task("bank/000")
+    episode = Episode(domain, task, EpisodeConfig.build(executor="real"), tiny.tokenizer, np.random.default_rng(0))
+    driver = EpisodeDriver.without_policy("no generation in a real replay")
+    for turn in task.reference:
+        assert episode.reference_act() == episode.reference_action(turn)
+        (outcome,) = driver.play([episode], [episode.reference_act()])
+    assert outcome.terminated and outcome.reward == 1.0 and episode.turn == len(task.reference)
+    assert episode.reference_act() == NOTHING_MORE  # past the reference solution

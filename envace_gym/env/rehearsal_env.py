@@ -10,11 +10,11 @@ import gymnasium as gym
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..domains.task import Task
-from ..episode.driver import generate_batched, open_session, run_lockstep
+from ..episode.driver import Actor, EpisodeDriver, StepCoroutine, open_session
 from ..episode.episode import Episode
-from ..episode.types import EpisodeConfig
+from ..episode.types import MAX_USER_TURNS, EpisodeConfig
 from ..errors import EnvACEError
-from ..parsing.act import DEFAULT_LIMITS, Limits
+from ..parsing.act import Limits
 from ..policy.factory import make_policy
 from ..policy.protocol import Generation, Policy, SamplingParams
 from ..rehearsal.prompt import RehearsalConfig
@@ -118,7 +118,7 @@ class RehearsalEnv(gym.Env[str, str]):
         on_invalid: str = "terminate",
         p_real: float = 0.5,
         max_turns: int | None = None,
-        max_user_turns: int = 30,
+        max_user_turns: int = MAX_USER_TURNS,
         act_sampling: SamplingParams | None = None,
         rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
         limits: Limits | None = None,
@@ -130,17 +130,15 @@ class RehearsalEnv(gym.Env[str, str]):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.domain = make_domain(domain, **dict(domain_kwargs or {}))
-        if rehearsal is not None and not isinstance(rehearsal, RehearsalConfig):
-            rehearsal = RehearsalConfig(**rehearsal)
-        self.config = EpisodeConfig(
+        self.config = EpisodeConfig.build(
             executor=executor,
             rehearsal_mode=rehearsal_mode,
             p_real=p_real,
             on_invalid=on_invalid,
             max_turns=max_turns,
             max_user_turns=max_user_turns,
-            rehearsal=rehearsal or RehearsalConfig(),
-            limits=limits or DEFAULT_LIMITS,
+            rehearsal=rehearsal,
+            limits=limits,
             tool_call_format=tool_call_format,
         )
         self.split = split
@@ -184,9 +182,19 @@ class RehearsalEnv(gym.Env[str, str]):
 
     @property
     def episode(self) -> Episode:
+        """The episode being played (raises before the first :meth:`reset`)."""
         if self._episode is None:
             raise EnvACEError("call reset() before step()")
         return self._episode
+
+    @property
+    def current_episode(self) -> Episode | None:
+        """The episode being played, or ``None`` before the first :meth:`reset`."""
+        return self._episode
+
+    def driver(self) -> EpisodeDriver:
+        """The driver of this env's episodes: its policy, ``np_random`` and KV session."""
+        return EpisodeDriver(self.policy, self.np_random, self.session)
 
     # -- Gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -213,15 +221,12 @@ class RehearsalEnv(gym.Env[str, str]):
         return self._episode.observation(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        episode = self.episode
-        act, self._act_generation = self._act_generation, None
-        if act is not None and act.text != action:
-            act = None  # the caller changed the text: it is tokenized as given
+        step = self.step_coroutine(action)
         if self._weights_deferred():  # the real executor answers every call: nothing here generates
-            policy, session = _LoadOnGenerate(self), None
+            driver = EpisodeDriver(_LoadOnGenerate(self), self.np_random)
         else:
-            policy, session = self.policy, self.session
-        (outcome,) = run_lockstep([episode.step(action, act)], policy, self.np_random, session)
+            driver = self.driver()
+        (outcome,) = driver.step([step])
         if self.render_mode == "human":
             self.render()
         return outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
@@ -239,16 +244,27 @@ class RehearsalEnv(gym.Env[str, str]):
             return None
         return text
 
+    def step_coroutine(self, action: str, act: Generation | None = None) -> StepCoroutine:
+        """The current episode's step for ``action``, for a driver to run (as :meth:`step` does, or a vector
+        env, batched with others). ``act`` is the generation that wrote ``action`` (default: the one kept by
+        the last :meth:`act`); it is used only if its text is ``action``, else the text is tokenized as given."""
+        episode = self.episode
+        kept, self._act_generation = self._act_generation, None
+        act = act if act is not None else kept
+        if act is not None and act.text != action:
+            act = None  # the caller changed the text: it is tokenized as given
+        return episode.step(action, act)
+
     # -- acting with the env's own policy -------------------------------------------------------------
-    def act(self, params: SamplingParams | None = None) -> str:
-        """Generate the next Act turn with the env's policy from the current prompt.
+    def act(self, params: SamplingParams | None = None, actor: Actor | None = None) -> str:
+        """Generate the next Act turn from the current prompt: with the env's policy (sampled with ``params``,
+        default ``act_sampling``), or written by ``actor`` (``actor(episodes, rng, session, keys)``, e.g. a
+        :class:`~envace_gym.rollout.planner.RehearsalPlanner`).
 
         Passing the returned text to :meth:`step` keeps the generated ids and log-probs (``info["act"]``).
         """
-        episode = self.episode
-        (self._act_generation,) = generate_batched(
-            self.policy, [episode.prompt_ids], params or self.act_sampling, self.np_random, self.session, [episode.key]
-        )
+        episode = self.episode  # before the policy loads: no episode is the caller's error
+        (self._act_generation,) = self.driver().act([episode], params or self.act_sampling, actor)
         return self._act_generation.text
 
     def _resolve_task(self, task: Task | str | None) -> Task:

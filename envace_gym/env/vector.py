@@ -11,7 +11,7 @@ from gymnasium.vector.utils import batch_space
 
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
-from ..episode.driver import generate_batched, open_session, run_lockstep
+from ..episode.driver import EpisodeDriver, open_session
 from ..policy.factory import make_policy
 from ..policy.protocol import Generation, SamplingParams
 from ..progress import Progress, ProgressReporter
@@ -107,16 +107,7 @@ class RehearsalVectorEnv(VectorEnv):
         Passing the returned texts to :meth:`step` keeps the generated ids and log-probs.
         """
         live = [i for i in range(self.num_envs) if not self._needs_reset[i]]
-        params = params or self.envs[0].act_sampling
-        episodes = [self.envs[i].episode for i in live]
-        gens = generate_batched(
-            self.policy,
-            [e.prompt_ids for e in episodes],
-            params,
-            self.np_random,
-            self.session,
-            [e.key for e in episodes],
-        )
+        gens = self.driver().act([self.envs[i].episode for i in live], params or self.envs[0].act_sampling)
         actions = [""] * self.num_envs
         for i, gen in zip(live, gens, strict=True):
             self._acts[i], actions[i] = gen, gen.text
@@ -141,9 +132,9 @@ class RehearsalVectorEnv(VectorEnv):
                 continue
             act, self._acts[i] = self._acts[i], None
             stepping.append(i)
-            coroutines.append(env.episode.step(actions[i], act if act is not None and act.text == actions[i] else None))
+            coroutines.append(env.step_coroutine(actions[i], act))
         bar = ProgressReporter(self.progress, len(coroutines), "sub-env turns", "env")
-        outcomes = run_lockstep(coroutines, self.policy, self.np_random, self.session, on_done=lambda _: bar.update())
+        outcomes = self.driver().step(coroutines, on_done=lambda _: bar.update())
         bar.close()
         for i, outcome in zip(stepping, outcomes, strict=True):
             obs[i], rewards[i] = outcome.observation, outcome.reward
@@ -159,9 +150,14 @@ class RehearsalVectorEnv(VectorEnv):
             infos = self._add_info(infos, info, i)
         return tuple(obs), rewards, terminated, truncated, infos
 
+    def driver(self) -> EpisodeDriver:
+        """The driver of the sub-envs' episodes: the shared policy and KV session, the vector env's ``np_random``."""
+        return EpisodeDriver(self.policy, self.np_random, self.session)
+
     def _reset_one(self, i: int, **kwargs: Any) -> tuple[str, dict[str, Any]]:
-        if self.session is not None and self.envs[i]._episode is not None:
-            self.session.forget([self.envs[i].episode.key])
+        episode = self.envs[i].current_episode
+        if self.session is not None and episode is not None:
+            self.session.forget([episode.key])
         return self.envs[i].reset(**kwargs)
 
     def close_extras(self, **kwargs: Any) -> None:

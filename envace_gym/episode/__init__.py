@@ -1,21 +1,36 @@
 """One episode of world rehearsal, as token ids that only grow, and the driver that answers its generations.
 
 :mod:`.chat` lays the conversation out in the model's chat template; :mod:`.episode` plays one Act turn
-(parse, validate, route, rehearse, reward); :mod:`.driver` runs many episodes' turns against one policy.
+(parse, validate, route, rehearse, reward); :class:`~.driver.EpisodeDriver` runs many episodes' turns against
+one policy.
 """
 
 from __future__ import annotations
 
 from .chat import ChatFormat
-from .driver import StepCoroutine, fulfil, generate_batched, open_session, run_lockstep
-from .episode import Episode, render_for_model
-from .types import ON_INVALID, REHEARSAL_MODES, EpisodeConfig, GenerationRequest, Row, StepOutcome
+from .driver import EpisodeDriver, NoGeneration, StepCoroutine, fulfil, generate_batched, open_session, run_lockstep
+from .episode import NOTHING_MORE, Episode, render_for_model
+from .types import (
+    MAX_USER_TURNS,
+    ON_INVALID,
+    REHEARSAL_MODES,
+    CallState,
+    EpisodeConfig,
+    GenerationRequest,
+    Row,
+    StepOutcome,
+)
 
 __all__ = [
+    "CallState",
     "ChatFormat",
     "Episode",
     "EpisodeConfig",
+    "EpisodeDriver",
     "GenerationRequest",
+    "MAX_USER_TURNS",
+    "NOTHING_MORE",
+    "NoGeneration",
     "ON_INVALID",
     "REHEARSAL_MODES",
     "Row",

@@ -1,4 +1,10 @@
-"""Driving episodes: answer their generation requests with a policy, many episodes per ``generate`` call."""
+"""Driving episodes: :class:`EpisodeDriver` runs episodes against a policy, many episodes per ``generate`` call.
+
+Every entry point that plays episodes goes through it: the single env, the vector env, the rollout collector,
+the planner's imagined episodes, the SFT reference replay (a driver whose policy refuses to generate,
+:class:`NoGeneration`) and the benchmarks. The module-level functions are the driver's steps, kept for
+callers that hold no driver.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,115 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DomainError
 from ..policy.protocol import Generation, Policy, SamplingParams
+from .episode import Episode
 from .types import GenerationRequest, StepOutcome
 
 StepCoroutine = Generator[list[GenerationRequest], list[Generation], StepOutcome]
 
+# Writes the Act turns of ``episodes`` instead of one batched policy call (e.g. a RehearsalPlanner):
+# ``actor(episodes, rng, session, keys)`` returns one generation per episode.
+Actor = Callable[[Sequence[Episode], np.random.Generator, Any, Sequence[Hashable] | None], list[Generation]]
 
+# An Act turn to play: its text, or the generation that wrote it (its ids and log-probs are kept).
+Move = str | Generation
+
+
+class EpisodeDriver:
+    """The one component that runs episodes against a policy: it writes their Act turns, steps them in
+    lockstep, and answers every generation they ask for, batched.
+
+    Args:
+        policy: Answers the generations (Act turns and rehearsals: the same weights).
+        rng: Seeds every batch whose sampling parameters carry no seed, one draw per ``generate`` call, in
+            call order (so a seeded caller gets the same numbers whatever drives it).
+        session: A KV-reusing generation session (:func:`open_session`), or ``None``.
+    """
+
+    def __init__(self, policy: Policy, rng: np.random.Generator, session: Any = None) -> None:
+        self.policy, self.rng, self.session = policy, rng, session
+
+    @classmethod
+    def without_policy(cls, message: str) -> EpisodeDriver:
+        """A driver for replays that must never generate: a generation asked raises ``DomainError(message)``."""
+        return cls(NoGeneration(message), np.random.default_rng(0))  # type: ignore[arg-type]
+
+    # -- generation -----------------------------------------------------------------------------------
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, keys: Sequence[Hashable] | None = None
+    ) -> list[Generation]:
+        """One batched generation (see :func:`generate_batched`); ``keys`` name the conversations the prompts
+        continue, for KV reuse."""
+        return generate_batched(self.policy, prompts, params, self.rng, self.session, keys)
+
+    def fulfil(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Every request generated, one batch per sampling setting (see :func:`fulfil`)."""
+        return fulfil(self.policy, requests, self.rng, self.session)
+
+    # -- playing --------------------------------------------------------------------------------------
+    def act(self, episodes: Sequence[Episode], params: SamplingParams, actor: Actor | None = None) -> list[Generation]:
+        """The next Act turn of each episode, in one batched call with ``params``, or written by ``actor``.
+        The prompts are keyed by the episodes' keys (KV reuse) when every episode has one."""
+        keys = [e.key for e in episodes]
+        keyed = keys if all(k is not None for k in keys) else None
+        if actor is not None:
+            return list(actor(episodes, self.rng, self.session, keyed))
+        return self.generate([e.prompt_ids for e in episodes], params, keyed)
+
+    def step(self, steps: Sequence[StepCoroutine], on_done: Callable[[int], None] | None = None) -> list[StepOutcome]:
+        """Run several episodes' steps together: at each round, the requests of every step still waiting are
+        generated in one batch per sampling setting, then each step gets its generations back. ``on_done(i)``
+        is called as step ``i`` finishes (progress)."""
+        outcomes: list[Any] = [None] * len(steps)
+        waiting: dict[int, list[GenerationRequest]] = {}
+        for i, step in enumerate(steps):
+            _advance(i, step, None, waiting, outcomes, on_done)
+        while waiting:
+            order = list(waiting)
+            gens = self.fulfil([request for i in order for request in waiting[i]])
+            waiting_now, start = dict(waiting), 0
+            waiting.clear()
+            for i in order:
+                n = len(waiting_now[i])
+                _advance(i, steps[i], gens[start : start + n], waiting, outcomes, on_done)
+                start += n
+        return outcomes
+
+    def play(
+        self, episodes: Sequence[Episode], moves: Sequence[Move], on_done: Callable[[int], None] | None = None
+    ) -> list[StepOutcome]:
+        """Step each episode with its move (an Act text, or the generation that wrote it), in lockstep."""
+        if len(moves) != len(episodes):
+            raise ValueError(f"expected one move per episode ({len(episodes)}), got {len(moves)}")
+        steps = [
+            e.step(m.text, m) if isinstance(m, Generation) else e.step(m) for e, m in zip(episodes, moves, strict=True)
+        ]
+        return self.step(steps, on_done)
+
+    def play_turn(
+        self,
+        episodes: Sequence[Episode],
+        params: SamplingParams,
+        actor: Actor | None = None,
+        on_done: Callable[[int], None] | None = None,
+    ) -> list[StepOutcome]:
+        """One round: the Act turns of ``episodes`` (:meth:`act`), then their steps (:meth:`play`)."""
+        return self.play(episodes, self.act(episodes, params, actor), on_done)
+
+
+class NoGeneration:
+    """Stands in for a policy where nothing may be generated (a reference replay): asking raises
+    ``DomainError(message)``."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        raise DomainError(self.message)
+
+
+# -- the driver's steps, for callers that hold no driver ------------------------------------------------
 def open_session(policy: Policy) -> Any:
     """A KV-reusing generation session when the policy offers one (``policy.session()``), else ``None``."""
     make = getattr(policy, "session", None)
@@ -63,24 +172,9 @@ def run_lockstep(
     session: Any = None,
     on_done: Callable[[int], None] | None = None,
 ) -> list[StepOutcome]:
-    """Run several episodes' steps together: at each round, the requests of every step still waiting are
-    generated in one batch per sampling setting, then each step gets its generations back. ``on_done(i)`` is
-    called as step ``i`` finishes (progress)."""
-    outcomes: list[Any] = [None] * len(steps)
-    waiting: dict[int, list[GenerationRequest]] = {}
-    for i, step in enumerate(steps):
-        _advance(i, step, None, waiting, outcomes, on_done)
-    while waiting:
-        order = list(waiting)
-        flat = [request for i in order for request in waiting[i]]
-        gens = fulfil(policy, flat, rng, session)
-        waiting_now, start = dict(waiting), 0
-        waiting.clear()
-        for i in order:
-            n = len(waiting_now[i])
-            _advance(i, steps[i], gens[start : start + n], waiting, outcomes, on_done)
-            start += n
-    return outcomes
+    """:meth:`EpisodeDriver.step` without a driver: several episodes' steps run together, their requests
+    generated in one batch per sampling setting per round."""
+    return EpisodeDriver(policy, rng, session).step(steps, on_done)
 
 
 def _advance(

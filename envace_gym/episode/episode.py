@@ -2,9 +2,10 @@
 
 :meth:`Episode.step` is a generator: it takes the agent's Act turn, does everything that needs no model
 (parse, validate, route, real or cached answers), *yields* the generations it needs (rehearsals), gets them
-sent back, and returns a :class:`StepOutcome`. :class:`~envace_gym.env.RehearsalEnv` answers the yields with
-its own policy; the vector env and the rollout collector answer the yields of many episodes with one batched
-call. The logic reads top to bottom as docs/method.md ("Roll-out") describes it:
+sent back, and returns a :class:`StepOutcome`. An :class:`~envace_gym.episode.driver.EpisodeDriver` answers the
+yields: for one episode (:class:`~envace_gym.env.RehearsalEnv`) or for many in one batched call per round (the
+vector env, the rollout collector, the planner's imagined episodes). The logic reads top to bottom as
+docs/method.md ("Roll-out") describes it:
 
     Act turn → parse → validate (format, whitelist, schema) → route each call
              → real executor | reference cache | Rehearse (the policy)
@@ -47,9 +48,11 @@ from ..text import clean_text
 from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
 from .chat import ChatFormat
-from .types import EpisodeConfig, GenerationRequest, Row, StepOutcome
+from .types import CallState, EpisodeConfig, GenerationRequest, Row, StepOutcome
 
 logger = logging.getLogger("envace_gym")
+
+NOTHING_MORE = "I have nothing more to do."  # the Act turn of a reference replay past the reference solution
 
 
 def render_for_model(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -147,10 +150,11 @@ class Episode:
     def trajectory(self) -> Trajectory:
         return Trajectory(self.task, tuple(copy.deepcopy(self.messages)), tuple(self.records), tuple(self.answers))
 
-    def fork(self, config: EpisodeConfig, rng: np.random.Generator) -> Episode:
+    def fork(self, config: EpisodeConfig, rng: np.random.Generator, note: str | None = None) -> Episode:
         """A private copy of the conversation so far, played on under ``config`` (say, every call rehearsed):
         nothing done in it reaches this episode or its executor. It knows no future user turn (a final
-        answer ends it) and it is not scored: the verifier's view of the task is not the agent's."""
+        answer ends it) and it is not scored: the verifier's view of the task is not the agent's. A ``note``
+        (say, a planner's memory) is placed before the copy's next Act turn (:meth:`prompt_with_note`)."""
         twin = copy.copy(self)
         twin.config, twin.rng, twin.key = config, rng, None
         twin.executor = None if config.executor == "rehearsal" else self.domain.make_executor(self.task)
@@ -160,6 +164,8 @@ class Episode:
         twin.rows, twin.records, twin.answers = [], [], []  # only what happens in the copy
         twin.pending_user_turns, twin.scored, twin.done, twin.reward_result = [], False, False, None
         twin.max_turns = self.turn + (config.max_turns or self.max_turns)
+        if note is not None:
+            twin.prompt_ids, twin.prompt_text = self.prompt_with_note(note)
         return twin
 
     def prompt_with_note(self, note: str, role: str = "system") -> tuple[list[int], str]:
@@ -245,89 +251,80 @@ class Episode:
             return self._continue(info)
 
         # Validate every call before answering any: an invalid call ends the turn cheaply.
-        errors: dict[str, ToolError] = {}
-        for call in calls:
-            check = self.registry.validate(call, self.whitelist)
-            if not check.ok:
-                errors[call.id] = check.error  # type: ignore[assignment]
-        if errors and self.config.on_invalid == "terminate":
+        states = [CallState(call) for call in calls]
+        for state in states:
+            state.error = self.registry.validate(state.call, self.whitelist).error
+        invalid = [s.error for s in states if s.error is not None]
+        if invalid and self.config.on_invalid == "terminate":
             self.records += [
-                CallRecord(self.turn, c, None, error=errors.get(c.id), user_turn=self.user_turns) for c in calls
+                CallRecord(self.turn, s.call, None, error=s.error, user_turn=self.user_turns) for s in states
             ]
             info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
             self._add_messages(
-                [self._tool_message(c, errors[c.id].to_payload()) for c in calls if c.id in errors], calls
+                [self._tool_message(s.call, s.error.to_payload()) for s in states if s.error is not None], calls
             )
-            return self._after_errors(list(errors.values()), info)
+            return self._after_errors(invalid, info)
 
-        responses: dict[str, Any] = {}
-        routes: dict[str, str] = {}
-        for call in calls:
-            if call.id not in errors:
-                routes[call.id] = self._answer_without_model(call, responses, errors)
+        for state in states:
+            if state.error is None:
+                self._answer_without_model(state)
 
         if self.config.rehearsal_mode == "separate":
-            pending = [c for c in calls if routes.get(c.id) == "rehearsal"]
+            pending = [s for s in states if s.route == "rehearsal"]
             if pending:
-                yield from self._rehearse_separate(pending, text, responses, errors, info)
-            payloads = [errors[c.id].to_payload() if c.id in errors else responses[c.id] for c in calls]
-            self._add_messages([self._tool_message(c, p) for c, p in zip(calls, payloads, strict=True)], calls)
+                yield from self._rehearse_separate(pending, text, info)
+            self._add_messages([self._tool_message(s.call, _payload(s)) for s in states], calls)
         else:
-            yield from self._tool_turn_inline(calls, routes, responses, errors, info)
+            yield from self._tool_turn_inline(states, info)
 
-        self.records += [
-            CallRecord(self.turn, c, routes.get(c.id), responses.get(c.id), errors.get(c.id), self.user_turns)
-            for c in calls
-        ]
+        self.records += [CallRecord(self.turn, s.call, s.route, s.response, s.error, self.user_turns) for s in states]
         info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
+        errors = [s.error for s in states if s.error is not None]
         if errors:
-            return self._after_errors([errors[c.id] for c in calls if c.id in errors], info)
+            return self._after_errors(errors, info)
         return self._continue(info)
 
-    def _answer_without_model(self, call: ToolCall, responses: dict[str, Any], errors: dict[str, ToolError]) -> str:
+    def _answer_without_model(self, state: CallState) -> None:
         """Route one valid call; answer it now unless it goes to the Rehearse role."""
+        call = state.call
         hit, cached = self.cache.lookup(call) if self.cache is not None else (False, None)
-        route = choose_route(self.config.executor, self.rng, self.config.p_real, hit)
-        if route == "cache":
-            responses[call.id] = cached
-        elif route == "real":
+        state.route = choose_route(self.config.executor, self.rng, self.config.p_real, hit)
+        if state.route == "cache":
+            state.response = cached
+        elif state.route == "real":
             try:
-                responses[call.id] = self.executor.execute(call)  # type: ignore[union-attr]
+                state.response = self.executor.execute(call)  # type: ignore[union-attr]
             except Exception as exc:  # the executor's bug, reported as data; the episode survives it
-                errors[call.id] = ToolError(
+                state.error = ToolError(
                     ErrorCode.EXECUTION_ERROR,
                     f"{call.name} failed: {type(exc).__name__}: {exc}"[:300],
                     {"tool": call.name},
                     source="executor",
                 )
-        return route
 
     # -- the Rehearse role ----------------------------------------------------------------------------
     def _rehearse_separate(
-        self,
-        calls: list[ToolCall],
-        action: str,
-        responses: dict[str, Any],
-        errors: dict[str, ToolError],
-        info: dict[str, Any],
+        self, states: list[CallState], action: str, info: dict[str, Any]
     ) -> Generator[list[GenerationRequest], list[Generation], None]:
-        """Rehearse ``calls`` in one batch of fresh prompts; resample results that fail a ``returns`` schema."""
+        """Rehearse the calls of ``states`` in one batch of fresh prompts; resample results that fail a
+        ``returns`` schema."""
         cfg = self.config.rehearsal
-        prompts = {call.id: self.rehearse_prompt(call, action) for call in calls}
+        prompts = {s.call.id: self.rehearse_prompt(s.call, action) for s in states}
         budget = self.max_context - cfg.max_new_tokens
         todo = []
-        for call in calls:
-            if len(prompts[call.id]) <= budget:
-                todo.append(call)
+        for state in states:
+            if len(prompts[state.call.id]) <= budget:
+                todo.append(state)
             else:
-                errors[call.id] = _overflow(len(prompts[call.id]), budget)
+                state.error = _overflow(len(prompts[state.call.id]), budget)
         params = cfg.sampling()
         for attempt in range(cfg.returns_resamples + 1):
             if not todo:
                 break
-            generations = yield [GenerationRequest(prompts[c.id], params, "rehearse", c.id) for c in todo]
+            generations = yield [GenerationRequest(prompts[s.call.id], params) for s in todo]
             retry = []
-            for call, gen in zip(todo, generations, strict=True):
+            for state, gen in zip(todo, generations, strict=True):
+                call = state.call
                 text = (RESULT_OPEN + "\n" if cfg.prefill else "") + gen.text
                 read = parse_execution_result(text, self.config.limits)
                 error = read.error or self.registry[call.name].validate_result(read.result)
@@ -336,12 +333,11 @@ class Episode:
                     Row("rehearse", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
                 )
                 if error is None:
-                    responses[call.id] = read.result
-                    errors.pop(call.id, None)
+                    state.response, state.error = read.result, None
                 else:
-                    errors[call.id] = error
+                    state.error = error
                     if error.code is ErrorCode.RESULT_SCHEMA_MISMATCH:
-                        retry.append(call)
+                        retry.append(state)
             todo = retry
 
     def rehearse_prompt(self, call: ToolCall, action: str) -> tuple[int, ...]:
@@ -363,35 +359,30 @@ class Episode:
         return tuple(self.encode(rehearsal_prompt(self.tokenizer, chat, self.config.rehearsal)))
 
     def _tool_turn_inline(
-        self,
-        calls: list[ToolCall],
-        routes: dict[str, str],
-        responses: dict[str, Any],
-        errors: dict[str, ToolError],
-        info: dict[str, Any],
+        self, states: list[CallState], info: dict[str, Any]
     ) -> Generator[list[GenerationRequest], list[Generation], None]:
         """Write the tool turn into the chat: the template's scaffolding around each response, real or
         cached answers as environment text, rehearsed ones generated by the policy in place."""
         cfg = self.config.rehearsal
-        end, pieces = self.chat.tool_pieces([self.chat.neutralize(c.name) for c in calls])
+        end, pieces = self.chat.tool_pieces([self.chat.neutralize(s.call.name) for s in states])
         self._close_turn(end)
         self._append_text(pieces[0])
-        for i, call in enumerate(calls):
-            after = pieces[i + 1]
-            if routes.get(call.id) != "rehearsal":
-                payload = errors[call.id].to_payload() if call.id in errors else responses[call.id]
+        for i, state in enumerate(states):
+            call, after = state.call, pieces[i + 1]
+            if state.route != "rehearsal":
+                payload = _payload(state)
                 self.messages.append(self._tool_message(call, payload))
                 self._append_text(_dump(payload) + after)
                 continue
             closing = self.chat.closing(after)
             params = replace(cfg.sampling(), stop=(closing,) if closing else ())
             if len(self.prompt_ids) + params.max_new_tokens > self.max_context:
-                errors[call.id] = _overflow(len(self.prompt_ids), self.max_context - params.max_new_tokens)
-                self.messages.append(self._tool_message(call, errors[call.id].to_payload()))
-                self._append_text(_dump(errors[call.id].to_payload()) + after)
+                state.error = _overflow(len(self.prompt_ids), self.max_context - params.max_new_tokens)
+                self.messages.append(self._tool_message(call, state.error.to_payload()))
+                self._append_text(_dump(state.error.to_payload()) + after)
                 continue
             for attempt in range(cfg.returns_resamples + 1):
-                (gen,) = yield [GenerationRequest(tuple(self.prompt_ids), params, "rehearse", call.id, self.key)]
+                (gen,) = yield [GenerationRequest(tuple(self.prompt_ids), params, self.key)]
                 content, rest, error = self._read_inline(gen, closing, after)
                 if error is None:
                     read = parse_result_json(content, self.config.limits)
@@ -411,9 +402,9 @@ class Episode:
                 self._append_ids(ids, self.chat.display(ids), list(gen.logprobs), trained=True)
                 self.messages.append(self._tool_message(call, content.strip()))
             if error is None:
-                responses[call.id] = read.result
+                state.response = read.result
             else:
-                errors[call.id] = error
+                state.error = error
             self._append_text(rest)
             if error is not None and self.config.on_invalid == "terminate":
                 return  # the episode ends here; nothing more is generated
@@ -539,6 +530,12 @@ class Episode:
         format, as its chat template writes such a turn (its end token is added when it is stepped)."""
         return self.chat.strip_end(self.chat.act_text(turn.content, [c.to_openai() for c in turn.calls]))
 
+    def reference_act(self) -> str:
+        """The Act text of the task's reference turn for the current turn (:meth:`reference_action`), or
+        :data:`NOTHING_MORE` once the reference solution has no turn left."""
+        turns = self.task.reference
+        return self.reference_action(turns[self.turn]) if self.turn < len(turns) else NOTHING_MORE
+
     def _for_chat(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Messages as the template renders them into the ids: :func:`render_for_model`, with special-token
         strings in their text broken (:meth:`ChatFormat.neutralize`) so no content can open or close a turn."""
@@ -623,6 +620,11 @@ def _dump(value: Any) -> str:
     no content, real or rehearsed, can spell a special token or a ``<tool_call>`` tag into the conversation."""
     text = json.dumps(value, ensure_ascii=False)
     return clean_text(text).replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def _payload(state: CallState) -> Any:
+    """What the tool message of an answered call carries: its typed error, else its response."""
+    return state.error.to_payload() if state.error is not None else state.response
 
 
 def _overflow(length: int, budget: int) -> ToolError:

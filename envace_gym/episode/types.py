@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..errors import ToolError
 from ..parsing.act import DEFAULT_LIMITS, Limits
 from ..parsing.formats import FORMATS
 from ..policy.protocol import SamplingParams
 from ..rehearsal.prompt import RehearsalConfig
 from ..rehearsal.routing import EXECUTORS
+from ..tools.schema import ToolCall
 
 ON_INVALID = ("terminate", "feedback")
 REHEARSAL_MODES = ("separate", "inline")
+MAX_USER_TURNS = 30  # the default of every entry point that plays episodes
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class EpisodeConfig:
     p_real: float = 0.5
     on_invalid: str = "terminate"
     max_turns: int | None = None
-    max_user_turns: int = 30
+    max_user_turns: int = MAX_USER_TURNS
     rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
     limits: Limits = DEFAULT_LIMITS
     tool_call_format: str | None = None
@@ -61,6 +64,43 @@ class EpisodeConfig:
         if not 0.0 <= self.p_real <= 1.0:
             raise ValueError(f"p_real must be in [0, 1], got {self.p_real}")
 
+    @classmethod
+    def build(
+        cls,
+        *,
+        rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        **fields_: Any,
+    ) -> EpisodeConfig:
+        """The config every entry point builds from its keyword arguments: ``rehearsal`` and ``limits`` may be
+        ``None`` (the defaults), their config objects or dicts of their fields; the other keywords are
+        :class:`EpisodeConfig` fields. Unknown names raise ``TypeError``; bad values, ``ValueError``."""
+        known = {f.name for f in fields(cls)} - {"rehearsal", "limits"}
+        unknown = sorted(set(fields_) - known)
+        if unknown:
+            raise TypeError(
+                f"unknown EpisodeConfig field(s) {unknown}; known: {sorted(known | {'rehearsal', 'limits'})}"
+            )
+        return cls(
+            rehearsal=_coerce(RehearsalConfig, rehearsal, RehearsalConfig(), "rehearsal"),
+            limits=_coerce(Limits, limits, DEFAULT_LIMITS, "limits"),
+            **fields_,
+        )
+
+
+def _coerce(kind: type, value: Any, default: Any, name: str) -> Any:
+    """``value`` as a ``kind``: itself, the default for ``None``, or built from a dict of its fields."""
+    if value is None:
+        return default
+    if isinstance(value, kind):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a {kind.__name__}, a dict of its fields or None, got {type(value).__name__}")
+    unknown = sorted(set(value) - {f.name for f in fields(kind)})
+    if unknown:
+        raise TypeError(f"unknown {kind.__name__} field(s) {unknown}")
+    return kind(**value)
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -71,9 +111,18 @@ class GenerationRequest:
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams
-    role: str = "rehearse"
-    call_id: str = ""
     key: Hashable | None = None
+
+
+@dataclass
+class CallState:
+    """One tool call of an Act turn as the turn answers it: where it went (``"real"``, ``"cache"``,
+    ``"rehearsal"``; ``None`` while unrouted or when it failed validation) and its response or typed error."""
+
+    call: ToolCall
+    route: str | None = None
+    response: Any = None
+    error: ToolError | None = None
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ import torch
 from ..domains.domain import GeneratedDomain
 from ..domains.registry import make_domain
 from ..domains.task import Task
-from ..envs.bank import BankTools
-from ..episode.driver import generate_batched, open_session, run_lockstep
+from ..env.rehearsal_env import RehearsalEnv
+from ..episode.driver import EpisodeDriver, open_session
 from ..episode.episode import Episode
 from ..episode.types import EpisodeConfig
 from ..policy.factory import make_policy
@@ -42,6 +42,8 @@ from ..policy.protocol import Generation, SamplingParams
 from ..policy.transformers import TransformersPolicy
 from ..rehearsal.prompt import RehearsalConfig
 from ..rollout.collector import collect_rollouts
+from ..tools.executor import ToolExecutor
+from ..tools.schema import ToolRegistry
 
 
 @dataclass
@@ -147,13 +149,23 @@ class _LongChat(GeneratedDomain):
     name = "bench-long-chat"
     max_turns = 12
     num_tasks = {"train": 64, "test": 8}
-    executor_class = BankTools
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bank = make_domain("bank")  # its tools and real executor, through the registry (bank is a plugin)
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self.bank.tools
+
+    def make_executor(self, task: Task) -> ToolExecutor | None:
+        return self.bank.make_executor(task)
 
     def sample_params(self, rng: np.random.Generator) -> dict[str, Any]:
         return {"n": int(rng.integers(1_000_000))}
 
     def build_task(self, params: dict[str, Any], task_id: str, split: str) -> Task:
-        bank = make_domain("bank").tasks(split)[params["n"] % 200]
+        bank = self.bank.tasks(split)[params["n"] % 200]
         turns = tuple(
             f"Thanks. One more question, number {k}: what else should I know about my accounts?" for k in range(11)
         )
@@ -162,13 +174,12 @@ class _LongChat(GeneratedDomain):
 
 def _turn_costs(policy: Any, episodes: int, turns: int, act_tokens: int, reuse_kv: bool, seed: int) -> list[float]:
     domain = _LongChat()
-    config = EpisodeConfig(on_invalid="feedback", rehearsal=RehearsalConfig(max_new_tokens=act_tokens))
+    config = EpisodeConfig.build(on_invalid="feedback", rehearsal={"max_new_tokens": act_tokens})
     eps = [
         Episode(domain, t, config, policy.tokenizer, np.random.default_rng(i), max_context=policy.max_context, key=i)
         for i, t in enumerate(domain.tasks()[:episodes])
     ]
-    session = open_session(policy) if reuse_kv else None
-    rng = np.random.default_rng(seed)
+    driver = EpisodeDriver(policy, np.random.default_rng(seed), open_session(policy) if reuse_kv else None)
     params = SamplingParams(max_new_tokens=act_tokens, min_new_tokens=act_tokens, temperature=1.0)
     costs = []
     for _ in range(turns):
@@ -176,8 +187,7 @@ def _turn_costs(policy: Any, episodes: int, turns: int, act_tokens: int, reuse_k
         if not live:
             break
         start = time.perf_counter()
-        gens = generate_batched(policy, [e.prompt_ids for e in live], params, rng, session, [e.key for e in live])
-        run_lockstep([e.step(g.text, g) for e, g in zip(live, gens, strict=True)], policy, rng, session)
+        driver.play_turn(live, params)
         costs.append(time.perf_counter() - start)
     return costs
 
@@ -250,8 +260,6 @@ def _naive(
     policy: Any, work: _Workload, act: SamplingParams, rehearse: RehearsalConfig, seed: int
 ) -> tuple[int, float]:
     """The same episodes, one single env after the other; returns (generated tokens, seconds)."""
-    from ..env.rehearsal_env import RehearsalEnv
-
     env = RehearsalEnv(
         work.domain, policy=policy, act_sampling=act, rehearsal=rehearse,
         on_invalid=work.kwargs["on_invalid"], max_turns=work.kwargs.get("max_turns"),
@@ -259,19 +267,13 @@ def _naive(
     tokens, start = 0, time.perf_counter()
     for i, task in enumerate(work.tasks):
         env.reset(seed=seed + i, options={"task": task})
-        done, turn = False, 0
+        done = False
         while not done:
-            if work.kwargs["act"] == "policy":
-                action = env.act()
-            else:
-                turns = task.reference
-                action = (
-                    env.episode.reference_action(turns[turn]) if turn < len(turns) else "I have nothing more to do."
-                )
+            action = env.act() if work.kwargs["act"] == "policy" else env.episode.reference_act()
             _, _, terminated, truncated, info = env.step(action)
             tokens += sum(len(r["completion_ids"]) for r in info["rehearsals"])
             tokens += len(info["act"]["completion_ids"]) if info["act"]["generated"] else 0
-            done, turn = terminated or truncated, turn + 1
+            done = terminated or truncated
     return tokens, time.perf_counter() - start
 
 

@@ -2,7 +2,7 @@
 
 ``collect_rollouts(policy, domain, tasks, group_size=G)`` plays ``len(tasks) * G`` episodes. At each
 micro-step the Act turns of every live episode are generated in **one** call, then the episodes step
-together and their rehearsals are generated in one call per round (:func:`~envace_gym.episode.driver.run_lockstep`).
+together and their rehearsals are generated in one call per round (:class:`~envace_gym.episode.driver.EpisodeDriver`).
 Finished episodes leave the batch. Act prompts grow by appending ids (nothing is re-tokenized).
 
 The result holds, per episode, the reward and the messages, and the training rows: in ``separate`` mode one
@@ -13,7 +13,7 @@ per episode (role ``"episode"``) whose mask marks both roles' tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,11 +22,11 @@ import numpy as np
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..domains.task import Task
-from ..episode.driver import generate_batched, open_session, run_lockstep
+from ..episode.driver import Actor, EpisodeDriver, open_session
 from ..episode.episode import Episode
-from ..episode.types import EpisodeConfig, Row
+from ..episode.types import MAX_USER_TURNS, EpisodeConfig, Row
 from ..parsing.act import DEFAULT_LIMITS, Limits
-from ..policy.protocol import Generation, Policy, SamplingParams
+from ..policy.protocol import Policy, SamplingParams
 from ..progress import Progress, ProgressReporter
 from ..rehearsal.prompt import RehearsalConfig
 
@@ -100,15 +100,16 @@ def collect_rollouts(
     rehearsal_mode: str = "separate",
     act: str = "policy",
     act_sampling: SamplingParams | None = None,
-    rehearsal: RehearsalConfig | None = None,
+    rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
     on_invalid: str = "terminate",
     p_real: float = 0.5,
     max_turns: int | None = None,
+    max_user_turns: int = MAX_USER_TURNS,
     limits: Limits = DEFAULT_LIMITS,
     tool_call_format: str | None = None,
     seed: int = 0,
     reuse_kv: bool = True,
-    actor: Callable[..., list[Generation]] | None = None,
+    actor: Actor | None = None,
     progress: Progress = False,
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
@@ -118,8 +119,8 @@ def collect_rollouts(
         domain: A domain name, folder or object.
         tasks: Tasks or task ids; each gives one group of ``group_size`` episodes.
         group_size: Episodes per task (the G of GRPO).
-        executor, rehearsal_mode, on_invalid, p_real, max_turns, limits, tool_call_format: as for
-            :class:`~envace_gym.RehearsalEnv`.
+        executor, rehearsal_mode, on_invalid, p_real, max_turns, max_user_turns, limits, tool_call_format: as
+            for :class:`~envace_gym.RehearsalEnv`.
         act: ``"policy"`` (the policy writes the Act turns) or ``"reference"`` (each task's reference
             solution does, so only the Rehearse role is exercised: fidelity checks, demos, SFT data).
         act_sampling: Sampling of the Act turns (default: 512 new tokens, temperature 1).
@@ -137,13 +138,14 @@ def collect_rollouts(
         raise ValueError(f"group_size must be at least 1, got {group_size}")
     domain = make_domain(domain)
     act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
-    config = EpisodeConfig(
+    config = EpisodeConfig.build(
         executor=executor,
         rehearsal_mode=rehearsal_mode,
         p_real=p_real,
         on_invalid=on_invalid,
         max_turns=max_turns,
-        rehearsal=rehearsal or RehearsalConfig(),
+        max_user_turns=max_user_turns,
+        rehearsal=rehearsal,
         limits=limits,
         tool_call_format=tool_call_format,
     )
@@ -164,6 +166,7 @@ def collect_rollouts(
         for k in range(group_size)
     ]
     session = open_session(policy) if reuse_kv else None
+    driver = EpisodeDriver(policy, rng, session)
     groups = [g for g in range(len(resolved)) for _ in range(group_size)]
     results: list[EpisodeResult | None] = [None] * len(episodes)
     live = list(range(len(episodes)))
@@ -172,20 +175,14 @@ def collect_rollouts(
     while live:
         rounds += 1
         bar.note(round=rounds, live=len(live))
+        playing = [episodes[i] for i in live]  # their keys are their indices: `live`
         if act == "policy":
-            if actor is not None:
-                gens: list[Generation | None] = list(actor([episodes[i] for i in live], rng, session, live))
-            else:
-                prompts = [episodes[i].prompt_ids for i in live]
-                gens = list(generate_batched(policy, prompts, act_sampling, rng, session, live))
-            actions = [g.text for g in gens]  # type: ignore[union-attr]
+            gens = driver.act(playing, act_sampling, actor)
             act_calls += 1
-            act_tokens += sum(len(g.completion_ids) for g in gens)  # type: ignore[union-attr]
+            act_tokens += sum(len(g.completion_ids) for g in gens)
+            outcomes = driver.play(playing, gens)
         else:
-            gens = [None] * len(live)
-            actions = [_reference_action(episodes[i]) for i in live]
-        steps = [episodes[i].step(a, g) for i, a, g in zip(live, actions, gens, strict=True)]
-        outcomes = run_lockstep(steps, policy, rng, session)
+            outcomes = driver.play(playing, [e.reference_act() for e in playing])
         still = []
         for i, outcome in zip(live, outcomes, strict=True):
             if outcome.terminated or outcome.truncated:
@@ -213,12 +210,6 @@ def collect_rollouts(
         "kv_computed_tokens": getattr(session, "computed_tokens", 0),
     }
     return RolloutBatch(done, stats)
-
-
-def _reference_action(episode: Episode) -> str:
-    turns = episode.task.reference
-    index = episode.turn  # the Act turns played so far
-    return episode.reference_action(turns[index]) if index < len(turns) else "I have nothing more to do."
 
 
 def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeResult:

@@ -29,7 +29,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ..episode.driver import generate_batched, run_lockstep
+from ..episode.driver import EpisodeDriver
 from ..episode.episode import Episode
 from ..policy.protocol import Generation, Policy, SamplingParams
 from ..rehearsal.prompt import RehearsalConfig
@@ -97,27 +97,26 @@ class RehearsalPlanner:
         keys: Sequence[Hashable] | None = None,
     ) -> list[Generation]:
         keys = list(keys) if keys is not None else [e.key for e in episodes]
+        driver = EpisodeDriver(self.policy, rng, session)
         self.stats["committed_turns"] += len(episodes)
         if self.config.budget == 0:  # plain acting: exactly the collector's own call
             self.last_memories = [""] * len(episodes)
-            return generate_batched(
-                self.policy, [e.prompt_ids for e in episodes], self.act_sampling, rng, session, keys
-            )
+            return driver.generate([e.prompt_ids for e in episodes], self.act_sampling, keys)
         notes: list[list[str]] = [[] for _ in episodes]
         rounds = 1 if self.config.mode == "parallel" else self.config.budget
         per_round = self.config.budget if self.config.mode == "parallel" else 1
         for _ in range(rounds):
             starts = [(i, self._memory(notes[i])) for i in range(len(episodes)) for _ in range(per_round)]
             forks = [self._fork(episodes[i], memory, rng) for i, memory in starts]
-            self._imagine(forks, rng, session)
-            assessments = self._assess(forks, rng, session)
+            self._imagine(forks, driver)
+            assessments = self._assess(forks, driver)
             for (i, _), fork, assessment in zip(starts, forks, assessments, strict=True):
                 notes[i].append(self._summary(fork, assessment, len(notes[i]) + 1))
         self.last_memories = [self._memory(n) for n in notes]
         prompts = [e.prompt_with_note(m)[0] for e, m in zip(episodes, self.last_memories, strict=True)]
         # The memory changes the prompt's middle, so these prompts continue no cached conversation; the session
         # still encodes the part they share with the forks (system prompt, tools, the conversation so far) once.
-        return generate_batched(self.policy, prompts, self.act_sampling, rng, session)
+        return driver.generate(prompts, self.act_sampling)
 
     # -- imagination ----------------------------------------------------------------------------------
     def _fork(self, episode: Episode, memory: str, rng: np.random.Generator) -> Episode:
@@ -131,24 +130,18 @@ class RehearsalPlanner:
                 max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature, include_reference=False
             ),
         )
-        fork = episode.fork(config, np.random.default_rng(int(rng.integers(2**31))))
-        if memory:
-            fork.prompt_ids, fork.prompt_text = episode.prompt_with_note(memory)
-        return fork
+        return episode.fork(config, np.random.default_rng(int(rng.integers(2**31))), note=memory or None)
 
-    def _imagine(self, forks: list[Episode], rng: np.random.Generator, session: Any = None) -> None:
+    def _imagine(self, forks: list[Episode], driver: EpisodeDriver) -> None:
         params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature)
         live = list(forks)
-        while live:
-            gens = generate_batched(self.policy, [f.prompt_ids for f in live], params, rng, session)
-            outcomes = run_lockstep(
-                [f.step(g.text, g) for f, g in zip(live, gens, strict=True)], self.policy, rng, session
-            )
+        while live:  # forks have no key: their prompts are fresh, the session shares only their prefixes
+            outcomes = driver.play_turn(live, params)
             live = [f for f, o in zip(live, outcomes, strict=True) if not (o.terminated or o.truncated)]
         self.stats["rehearsals"] += len(forks)
         self.stats["rehearsal_tokens"] += sum(len(r.completion_ids) for f in forks for r in f.rows)  # Act + Rehearse
 
-    def _assess(self, forks: list[Episode], rng: np.random.Generator, session: Any = None) -> list[str]:
+    def _assess(self, forks: list[Episode], driver: EpisodeDriver) -> list[str]:
         prompts = []
         for fork in forks:
             chat = [
@@ -157,7 +150,7 @@ class RehearsalPlanner:
             ]
             prompts.append(fork.chat.encode(fork.chat.render(chat)))
         params = SamplingParams(max_new_tokens=self.config.assessment_tokens, temperature=self.config.temperature)
-        gens = generate_batched(self.policy, prompts, params, rng, session)
+        gens = driver.generate(prompts, params)
         self.stats["rehearsal_tokens"] += sum(len(g.completion_ids) for g in gens)
         return [g.text.strip() for g in gens]
 
@@ -212,10 +205,7 @@ class PrivateRehearsal(gym.Wrapper):
         self.planner = RehearsalPlanner(inner.policy, config, inner.act_sampling)
 
     def act(self) -> str:
-        inner = self.env.unwrapped
-        (gen,) = self.planner([inner.episode], inner.np_random, inner.session)
-        inner._act_generation = gen
-        return gen.text
+        return self.env.unwrapped.act(actor=self.planner)
 
     def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)

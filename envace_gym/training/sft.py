@@ -28,9 +28,9 @@ from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..domains.task import Task
 from ..episode.chat import ChatFormat
+from ..episode.driver import EpisodeDriver
 from ..episode.episode import Episode
 from ..episode.types import EpisodeConfig
-from ..errors import DomainError
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
 from ..policy.precision import resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
@@ -40,6 +40,7 @@ from .packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, un
 logger = logging.getLogger("envace_gym")
 
 ROLES = ("act", "rehearse")
+_REPLAY_GENERATES = "a reference replay asked for a generation; replays use the real executor or the recorded results"
 
 
 def sft_rows(
@@ -58,10 +59,11 @@ def sft_rows(
     unknown = set(roles) - set(ROLES)
     if unknown:
         raise ValueError(f"roles must be among {ROLES}, got {sorted(unknown)}")
-    rehearsal = rehearsal or RehearsalConfig()
     # The replay needs no model: real tools answer the reference calls, or (a dataset, no real tools) the
     # recorded results do, every reference call being a cache hit.
-    config = EpisodeConfig(executor="real" if _has_executor(dom) else "cached", rehearsal=rehearsal)
+    config = EpisodeConfig.build(executor="real" if _has_executor(dom) else "cached", rehearsal=rehearsal)
+    rehearsal = config.rehearsal
+    replay = EpisodeDriver.without_policy(_REPLAY_GENERATES)
     chat = ChatFormat.of(tokenizer)
     rows: list[dict[str, Any]] = []
     for task in tasks:
@@ -85,7 +87,7 @@ def sft_rows(
                         answer = f"{RESULT_OPEN}\n{answer}"
                     prompt = episode.rehearse_prompt(call, action)
                     rows.append(_row(prompt, chat.encode(answer + chat.act_end(False)), "rehearse", task.id))
-            outcome = _play(episode.step(action))
+            (outcome,) = replay.play([episode], [action])
             if outcome.terminated or outcome.truncated:
                 break
     if max_length is not None:
@@ -105,17 +107,6 @@ def _row(prompt: Sequence[int], completion: Sequence[int], role: str, task_id: s
         "role": role,
         "task_id": task_id,
     }
-
-
-def _play(step: Any) -> Any:
-    """Run one real-executor step (it needs no generation)."""
-    try:
-        next(step)
-    except StopIteration as stop:
-        return stop.value
-    raise DomainError(
-        "a reference replay asked for a generation; replays use the real executor or the recorded results"
-    )
 
 
 def sft_dataset(domain: str | Domain, tokenizer: Any, split: str = "train", num_tasks: int = 200, **kwargs: Any):
