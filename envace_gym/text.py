@@ -4,6 +4,8 @@ Python strings may hold lone surrogates (``"\\ud800"``, also what JSON's ``"\\ud
 no tokenizer or UTF-8 writer accepts them. :func:`clean_text` replaces each with U+FFFD (a well-formed
 surrogate *pair* becomes the character it encodes), so text that reaches the chat can always be
 tokenized, and the messages and the token ids keep describing the same conversation.
+
+:func:`shorten` writes a value in a bounded width, for what is printed or shown to a model as a summary.
 """
 
 from __future__ import annotations
@@ -57,4 +59,15 @@ def strict_loads(text: str) -> Any:
     return clean_value(json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=unique_keys))
 
 
-__all__ = ["REPLACEMENT", "clean_text", "clean_value", "strict_loads", "unique_keys"]
+def shorten(value: Any, width: int, *, one_line: bool = False) -> str:
+    """``value`` (a string, or any other value as JSON) in at most ``width`` characters, ending in "…" when cut.
+    With ``one_line`` its newlines are written ``\\n`` first, so it prints on one line."""
+    if width < 1:
+        raise ValueError(f"width must be at least 1, got {width}")
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    if one_line:
+        text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+__all__ = ["REPLACEMENT", "clean_text", "clean_value", "shorten", "strict_loads", "unique_keys"]

@@ -260,3 +260,17 @@ def test_tau2_loads_in_rehearsal_and_real_modes():
         task = env.unwrapped.episode.task
         *_, info = env.step(task.reference[0].text)
         assert info["calls"][0]["route"] == executor
+
+
+def test_benchmark_domains_refuse_an_unknown_split_and_build_tasks_once():
+    from envace_gym import DomainError
+
+    for name in ("bfcl:simple_python", "tau2:retail"):
+        domain = make_domain(name)
+        with pytest.raises(DomainError, match=r"split 'dev' must be one of \['train', 'test'\]"):
+            domain.tasks("dev")
+    tasks = make_domain("tau2:airline").tasks("test")
+    assert tasks[0] is tasks[0] is tasks[-len(tasks)] and tasks[:1] == [tasks[0]]  # converted once, then kept
+    assert make_domain("tau2:airline").task(tasks[1].id) == tasks[1]
+    with pytest.raises(IndexError):
+        tasks[len(tasks)]

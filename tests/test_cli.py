@@ -149,3 +149,38 @@ def test_eval_reaches_a_domain_written_in_python(capsys):
     ]
     assert main(argv) == 0
     assert "library / test: 1 episodes" in capsys.readouterr().out
+
+
+def test_check_rehearsal_tells_parsed_accepted_and_equal_apart():
+    from envace_gym.evaluation import check_rehearsal
+
+    def flags(result=None, code=None):
+        check = check_rehearsal({"result": result, "error": {"code": code, "message": "m"} if code else None}, real)
+        return check.parsed, check.schema_ok, check.equal
+
+    real = {"balance": 10.0, "owner": "Ana"}
+    assert flags({"owner": "Ana", "balance": 10.0}) == (True, True, True)  # canonical JSON: key order aside
+    assert flags({"balance": 11.0, "owner": "Ana"}) == (True, True, False)
+    assert flags(code="RESULT_SCHEMA_MISMATCH") == (True, False, False)  # parsed, but failed the returns schema
+    assert flags(code="INVALID_REHEARSAL") == flags(code="LIMIT_EXCEEDED") == (False, False, False)
+
+
+def test_shorten_cuts_to_the_width_and_keeps_one_line():
+    from envace_gym.text import shorten
+
+    assert shorten("abc", 3) == "abc" and shorten("abcd", 3) == "ab…"
+    assert shorten({"a": "é"}, 20) == '{"a": "é"}' and shorten(("x",), 20) == '["x"]'
+    assert shorten("a\nb", 10) == "a\nb" and shorten("a\nb", 10, one_line=True) == "a\\nb"
+    assert shorten(object, 200).startswith("\"<class 'object'>")  # any value prints (default=str)
+    with pytest.raises(ValueError, match="width must be at least 1"):
+        shorten("x", 0)
+
+
+def test_train_takes_trl_names_for_the_objective(no_model_loads):
+    from envace_gym.cli.main import _parse_settings
+    from envace_gym.recipes.train import TrainConfig
+
+    default = _parse_settings(TrainConfig, "envace train", [])
+    assert (default.beta, default.epsilon, default.delta) == (0.0, 0.2, 3.0)  # TRL's names, the paper's values
+    config = _parse_settings(TrainConfig, "envace train", ["--beta", "0.001", "--epsilon", "0.3", "--delta", "2.5"])
+    assert (config.beta, config.epsilon, config.delta) == (0.001, 0.3, 2.5)

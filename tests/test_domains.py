@@ -22,6 +22,7 @@ from envace_gym import (
     register_domain,
     tool,
 )
+from envace_gym.domains import LazyTasks, Task, check_split
 from envace_gym.testing import ScriptedPolicy
 from envace_gym.tools import canonical_json
 
@@ -121,6 +122,40 @@ def test_task_lookup():
     assert domain.task("units/test/003") is domain.tasks("test")[3]
     with pytest.raises(TaskNotFoundError):
         domain.task("units/train/99999")
+
+
+def test_check_split_names_the_splits():
+    assert check_split("train") == "train" and check_split("test") == "test"
+    with pytest.raises(DomainError, match=r"^split 'validation' must be one of \['train', 'test'\]$"):
+        check_split("validation")
+    with pytest.raises(DomainError, match=r"^tasks.jsonl:3: split 'dev' must be one of"):
+        check_split("dev", "tasks.jsonl:3")
+
+
+def test_every_kind_of_domain_refuses_an_unknown_split_alike(tmp_path):
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    for source in ("units", "bank", str(write_folder(tmp_path)), str(examples / "data" / "envace.jsonl")):
+        with pytest.raises(DomainError, match=r"split 'validation' must be one of \['train', 'test'\]"):
+            make_domain(source).tasks("validation")
+
+
+def test_lazy_tasks_build_each_task_once_on_first_access():
+    built = []
+
+    def build(index: int) -> Task:
+        built.append(index)
+        return Task(id=f"t/{index}", domain="t", prompt=f"task {index}")
+
+    tasks = LazyTasks(4, build)
+    assert len(tasks) == 4 and built == []
+    assert tasks[2].id == "t/2" and tasks[-2] is tasks[2] and built == [2]
+    assert [t.id for t in tasks[1:3]] == ["t/1", "t/2"] and built == [2, 1]
+    assert [t.id for t in tasks] == ["t/0", "t/1", "t/2", "t/3"] and sorted(built) == [0, 1, 2, 3]
+    with pytest.raises(IndexError):
+        tasks[4]
+    with pytest.raises(IndexError):
+        tasks[-5]
+    assert built == [2, 1, 0, 3]  # nothing out of range was built
 
 
 def test_registry_of_domain_names():

@@ -139,7 +139,7 @@ def test_a_failed_judge_is_masked_in_rollouts_and_both_trainers(tmp_path):
     policy.tokenizer.save_pretrained(path)
     from transformers import AutoTokenizer
 
-    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path / "out"), domain="desk-judged", rollout_executor="cached",
+    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path / "out"), domain="desk-judged", executor="cached",
                                        per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
                                        max_steps=1, use_cpu=True, report_to="none", bf16=False, gradient_checkpointing=False, save_strategy="no")  # fmt: skip
     trainer = envace_trl.EnvACEGRPOTrainer(

@@ -299,7 +299,7 @@ def test_custom_trainer_packed_and_plain_steps_agree():
     for packing_on in (True, False):
         policy = tiny_policy(seed=1)
         config = TrainerConfig(
-            domain="units", steps=1, tasks_per_step=2, group_size=2, max_new_tokens=12, packing=packing_on
+            domain="units", steps=1, tasks_per_step=2, group_size=2, max_new_tokens=12, shared_prefix=packing_on
         )
         history = train(policy, config)
         results[packing_on] = (history[0], [p.detach().clone() for p in policy.model.parameters()])

@@ -85,12 +85,98 @@ def test_dual_clip_bounds_negative_advantages():
     stale = Sample(
         row.role, 0, 0, row.prompt_ids, row.completion_ids, tuple(x - 5.0 for x in row.logprobs), row.mask, 0.0
     )
-    config = TrainerConfig(dual_clip=3.0)
+    config = TrainerConfig(delta=3.0)
     loss, _ = grpo_loss(policy.model, [stale], [-1.0], config, total_tokens=6)
     # ratio = e^5 >> c: each token's loss is capped at c * |A| = 3
     assert loss.item() == pytest.approx(3.0, rel=1e-4)
-    loss, _ = grpo_loss(policy.model, [stale], [-1.0], TrainerConfig(dual_clip=None), total_tokens=6)
+    loss, _ = grpo_loss(policy.model, [stale], [-1.0], TrainerConfig(delta=None), total_tokens=6)
     assert loss.item() > 100
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "value"),
+    [("clip_eps", "epsilon", 0.3), ("dual_clip", "delta", None), ("kl_coef", "beta", 0.1),
+     ("packing", "shared_prefix", False), ("micro_batch_tokens", "pack_tokens", 512)],
+)  # fmt: skip
+def test_trainer_config_takes_its_01_names_with_a_warning(old, new, value):
+    with pytest.warns(DeprecationWarning, match=rf"TrainerConfig\({old}=\.\.\.\) is now TrainerConfig\({new}=") as seen:
+        config = TrainerConfig(**{old: value})
+    assert seen[0].filename == __file__  # the warning points at the caller
+    assert getattr(config, new) == value
+    with pytest.warns(DeprecationWarning):
+        assert getattr(TrainerConfig(**{old: value, new: value}), new) == value  # the same value twice is fine
+    # The new name given away from its default, and disagreeing: refused. (shared_prefix has only one value
+    # away from its default, the one given by the old name, so it cannot disagree.)
+    other = {"epsilon": 0.1, "delta": 2.0, "beta": 0.5, "pack_tokens": 64}.get(new)
+    if other is not None:
+        with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match=f"{old} is the old name of {new}: give"):
+            TrainerConfig(**{old: value, new: other})
+
+
+def test_trainer_config_new_names_warn_nothing():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = TrainerConfig(epsilon=0.3, delta=None, beta=0.1, shared_prefix=False, pack_tokens=512)
+    assert (config.epsilon, config.delta, config.beta, config.shared_prefix, config.pack_tokens) == (
+        0.3, None, 0.1, False, 512,
+    )  # fmt: skip
+    with pytest.raises(TypeError, match="unexpected keyword argument 'clip_epsilon'"):
+        TrainerConfig(clip_epsilon=0.3)
+
+
+def test_every_training_setting_has_a_help():
+    from dataclasses import fields
+
+    from envace_gym.recipes.experiment import ExperimentConfig
+    from envace_gym.recipes.train import TrainConfig
+
+    trl_classes = (envace_trl.PackedGRPOConfig, envace_trl.EnvACEGRPOConfig)
+    declared_here = {name for cls in trl_classes for name in vars(cls)["__annotations__"]}  # not TRL's own fields
+    for cls in (TrainerConfig, TrainConfig, ExperimentConfig, *trl_classes):
+        for f in fields(cls):
+            if cls not in trl_classes or f.name in declared_here:
+                assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
+    shared = {f.name for f in fields(TrainerConfig)} & {f.name for f in fields(envace_trl.EnvACEGRPOConfig)}
+    assert {"epsilon", "delta", "beta", "executor", "shared_prefix", "pack_tokens"} <= shared
+    assert "group_size" not in shared  # EnvACEGRPOConfig keeps TRL's num_generations
+
+
+def test_envace_grpo_config_takes_rollout_executor_with_a_warning(tmp_path):
+    common = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, **CPU)
+    with pytest.warns(DeprecationWarning, match=r"rollout_executor=\.\.\.\) is now EnvACEGRPOConfig\(executor="):
+        args = envace_trl.EnvACEGRPOConfig(rollout_executor="cached", **common)
+    assert args.executor == "cached" and args.rollout_executor is None  # mapped once
+    assert envace_trl.EnvACEGRPOConfig(executor="cached", **common).executor == "cached"
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(TypeError, match="rollout_executor is the old name of executor"),
+    ):
+        envace_trl.EnvACEGRPOConfig(rollout_executor="cached", executor="real", **common)
+
+
+def test_rollout_sampling_gives_both_roles_the_same_budget_and_temperature():
+    from envace_gym.policy import SamplingParams
+    from envace_gym.rehearsal import RehearsalConfig, rollout_sampling
+
+    act, rehearse = rollout_sampling(32, 0.7, top_p=0.9)
+    assert act == SamplingParams(max_new_tokens=32, temperature=0.7, top_p=0.9)
+    assert rehearse == RehearsalConfig(max_new_tokens=32, temperature=0.7, top_p=0.9)
+    assert rollout_sampling(8, 1.0) == (
+        SamplingParams(max_new_tokens=8),
+        RehearsalConfig(max_new_tokens=8, temperature=1.0),
+    )
+
+
+def test_lora_config_is_rank_r_with_alpha_2r():
+    from envace_gym.training.options import lora_config
+
+    pytest.importorskip("peft")
+    config = lora_config(8)
+    assert (config.r, config.lora_alpha, config.target_modules, config.task_type) == (8, 16, "all-linear", "CAUSAL_LM")
+    with pytest.raises(ValueError, match="LoRA rank must be at least 1, got 0"):
+        lora_config(0)
 
 
 @pytest.mark.parametrize("mode", ["separate", "inline"])
@@ -216,7 +302,7 @@ def test_trl_and_pure_torch_trainers_agree_on_a_batch_with_a_masked_episode(tiny
     kept = [(s, a) for s, a in zip(samples, advantages, strict=True) if s.reward is not None]
     trainer.model.zero_grad()
     loss, _ = grpo_loss(
-        trainer.model, [s for s, _ in kept], [a for _, a in kept], TrainerConfig(kl_coef=0.1, dtype="float32"),
+        trainer.model, [s for s, _ in kept], [a for _, a in kept], TrainerConfig(beta=0.1, dtype="float32"),
         sum(sum(s.mask) for s, _ in kept), reference=trainer.ref_model,
     )  # fmt: skip
     loss.backward()

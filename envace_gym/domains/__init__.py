@@ -15,7 +15,7 @@ from .domain import Domain, GeneratedDomain
 from .folder import FolderDomain
 from .registry import ENTRY_POINT_GROUP, list_domains, make_domain, register_domain
 from .reward import RewardResult, numbers_in, score_expected
-from .task import SPLITS, ReferenceRecorder, ReferenceTurn, Task, stable_hash
+from .task import SPLITS, LazyTasks, ReferenceRecorder, ReferenceTurn, Task, check_split, stable_hash
 from .trajectory import CallRecord, Trajectory
 
 __all__ = [
@@ -25,12 +25,14 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "FolderDomain",
     "GeneratedDomain",
+    "LazyTasks",
     "ReferenceRecorder",
     "ReferenceTurn",
     "RewardResult",
     "SPLITS",
     "Task",
     "Trajectory",
+    "check_split",
     "is_dataset_source",
     "list_domains",
     "make_domain",

@@ -38,7 +38,7 @@ from ..tools.canonical import call_key, canonical_json
 from ..tools.schema import ToolCall, ToolRegistry, call_from_json
 from .domain import Domain
 from .reward import RewardResult, score_expected
-from .task import SPLITS, ReferenceTurn, Task, stable_hash
+from .task import SPLITS, ReferenceTurn, Task, check_split, stable_hash
 from .trajectory import Trajectory
 
 logger = logging.getLogger("envace_gym")
@@ -425,9 +425,7 @@ class DatasetDomain(Domain):
         return sorted({n for r in self._registries.values() for n in r.names})
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        if split not in SPLITS:
-            raise DomainError(f"unknown split {split!r}; use one of {SPLITS}")
-        return self._splits[split]
+        return self._splits[check_split(split)]
 
     def score(self, task: Task, trajectory: Trajectory) -> RewardResult:
         if self._reward is not None:

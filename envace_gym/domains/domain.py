@@ -19,7 +19,7 @@ from ..tools.canonical import canonical_json
 from ..tools.executor import ToolExecutor
 from ..tools.schema import ToolRegistry
 from .reward import RewardResult, score_expected
-from .task import SPLITS, Task, stable_hash
+from .task import SPLITS, LazyTasks, Task, check_split, stable_hash
 from .trajectory import Trajectory
 
 
@@ -94,18 +94,15 @@ class Domain:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-class _LazyTasks(Sequence[Task]):
-    """Tasks built on first access, in index order, and kept."""
+class _Draws:
+    """The distinct task parameters of one split of a :class:`GeneratedDomain`, drawn in index order (candidate
+    ``k`` from ``default_rng([seed, k])``, kept if new and of this split), and the task built from each."""
 
     def __init__(self, domain: GeneratedDomain, split: str, size: int) -> None:
         self._domain, self._split, self._size = domain, split, size
         self._params: list[Any] = []
-        self._built: dict[int, Task] = {}
         self._candidate = 0
         self._seen: set[str] = set()
-
-    def __len__(self) -> int:
-        return self._size
 
     def _params_for(self, index: int) -> Any:
         d = self._domain
@@ -122,19 +119,9 @@ class _LazyTasks(Sequence[Task]):
             self._params.append(params)
         return self._params[index]
 
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._size))]
-        if index < 0:
-            index += self._size
-        if not 0 <= index < self._size:
-            raise IndexError(index)
-        if index not in self._built:
-            params = self._params_for(index)
-            self._built[index] = self._domain.build_task(
-                params, f"{self._domain.name}/{self._split}/{index:03d}", self._split
-            )
-        return self._built[index]
+    def task(self, index: int) -> Task:
+        d = self._domain
+        return d.build_task(self._params_for(index), f"{d.name}/{self._split}/{index:03d}", self._split)
 
 
 class GeneratedDomain(Domain):
@@ -157,16 +144,15 @@ class GeneratedDomain(Domain):
         if seed is not None:
             self.seed = seed
         self._tools = ToolRegistry(self.executor_class.tool_schemas())
-        self._tasks = {s: _LazyTasks(self, s, int(self.num_tasks.get(s, 0))) for s in SPLITS}
+        sizes = {s: int(self.num_tasks.get(s, 0)) for s in SPLITS}
+        self._tasks = {s: LazyTasks(sizes[s], _Draws(self, s, sizes[s]).task) for s in SPLITS}
 
     @property
     def tools(self) -> ToolRegistry:
         return self._tools
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        if split not in self._tasks:
-            raise DomainError(f"unknown split {split!r}; use one of {SPLITS}")
-        return self._tasks[split]
+        return self._tasks[check_split(split)]
 
     def split_of(self, key: str) -> str:
         return "test" if stable_hash(f"{self.name}:{key}") % 1000 < self.test_fraction * 1000 else "train"

@@ -14,7 +14,7 @@ from ..errors import DomainError, EnvACEError
 from ..tools.executor import ToolExecutor
 from ..tools.schema import ToolRegistry
 from .domain import Domain
-from .task import SPLITS, Task
+from .task import SPLITS, Task, check_split
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -103,8 +103,7 @@ class FolderDomain(Domain):
             )
 
     def _check_task(self, task: Task, where: str) -> None:
-        if task.split not in SPLITS:
-            raise DomainError(f"{where}: split {task.split!r} must be one of {list(SPLITS)}")
+        check_split(task.split, where)
         unknown = sorted({n for n in task.tools if n not in self._tools})
         unknown += sorted({c.name for turn in task.reference for c in turn.calls if c.name not in self._tools})
         if unknown:
@@ -135,7 +134,7 @@ class FolderDomain(Domain):
         return self._tools
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        return self._tasks.get(split, [])
+        return self._tasks[check_split(split)]
 
     def make_executor(self, task: Task) -> ToolExecutor | None:
         return None if self._executor_class is None else self._executor_class(task.initial_state)

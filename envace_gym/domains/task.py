@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,14 @@ from ..tools.executor import ToolExecutor
 from ..tools.schema import ToolCall
 
 SPLITS = ("train", "test")
+
+
+def check_split(split: str, where: str = "") -> str:
+    """``split`` itself if it is one of :data:`SPLITS`; else a :class:`~envace_gym.errors.DomainError` naming
+    them, after ``where`` (what held the split: a file and line) when given."""
+    if split not in SPLITS:
+        raise DomainError(f"{where + ': ' if where else ''}split {split!r} must be one of {list(SPLITS)}")
+    return split
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -110,6 +118,29 @@ class Task:
             )
         except (KeyError, TypeError) as exc:
             raise DomainError(f"malformed task record {str(data)[:120]}: missing or bad {exc}") from exc
+
+
+class LazyTasks(Sequence[Task]):
+    """A split's tasks, each built on first access by ``build(index)`` and kept: building a task can be costly
+    (it runs the reference solution on a real executor), and most runs use a few of them."""
+
+    def __init__(self, size: int, build: Callable[[int], Task]) -> None:
+        self._size, self._build = size, build
+        self._built: dict[int, Task] = {}
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._size))]
+        if index < 0:
+            index += self._size
+        if not 0 <= index < self._size:
+            raise IndexError(index)
+        if index not in self._built:
+            self._built[index] = self._build(index)
+        return self._built[index]
 
 
 class ReferenceRecorder:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from .evaluate import EvalResult, evaluate
+from .fidelity import RehearsalCheck, check_rehearsal
 
 __all__ = [
     "EvalResult",
+    "RehearsalCheck",
+    "check_rehearsal",
     "evaluate",
 ]

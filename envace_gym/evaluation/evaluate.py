@@ -19,15 +19,14 @@ from typing import Any
 
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
-from ..errors import ErrorCode
-from ..policy.protocol import Policy, SamplingParams
+from ..policy.protocol import Policy
 from ..progress import Progress
-from ..rehearsal.prompt import RehearsalConfig
+from ..rehearsal.prompt import rollout_sampling
 from ..rollout.collector import collect_rollouts
 from ..rollout.planner import PlannerConfig, RehearsalPlanner
-from ..tools.canonical import canonical_json
 from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
+from .fidelity import check_rehearsal
 
 
 @dataclass
@@ -82,8 +81,7 @@ def evaluate(
     """
     dom = make_domain(domain)
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-    rehearsal = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature)
+    sampling, rehearsal = rollout_sampling(max_new_tokens, temperature)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
     passes = 2 if fidelity and dom.executes_calls else 1
     executor = "real" if not tasks or dom.make_executor(tasks[0]) is not None else "cached"
@@ -125,12 +123,11 @@ def evaluate(
             known, truth = (True, shadow.execute(call)) if shadow is not None else recorded.lookup(call)
             if record["route"] != "rehearsal" or not known:
                 continue
-            error = record["error"]
-            code = error["code"] if error else None
+            check = check_rehearsal(record, truth)
             total += 1
-            parsed += code not in (ErrorCode.INVALID_REHEARSAL.value, ErrorCode.LIMIT_EXCEEDED.value)
-            schema_ok += code is None
-            equal += code is None and canonical_json(record["result"]) == canonical_json(truth)
+            parsed += check.parsed
+            schema_ok += check.schema_ok
+            equal += check.equal
     if total:
         result.rehearsals = total
         result.parsed, result.schema_ok, result.equal_to_real = parsed / total, schema_ok / total, equal / total

@@ -36,6 +36,7 @@ from accelerate.utils import gather, gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad, use_adapter
 
+from .._moved import UNSET, renamed_fields
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..domains.task import Task
@@ -44,7 +45,7 @@ from ..errors import TrainingConfigError
 from ..policy.precision import resolve_dtype
 from ..policy.protocol import SamplingParams
 from ..policy.transformers import TransformersPolicy
-from ..rehearsal.prompt import RehearsalConfig
+from ..rehearsal.prompt import RehearsalConfig, rollout_sampling
 from ..rollout.collector import RolloutBatch, collect_rollouts
 from ..tools.schema import ToolCall
 from ..training.advantages import rolewise_advantages
@@ -99,13 +100,9 @@ def _policy_of(trainer: Any) -> TransformersPolicy:
 
 
 def _sampling(args: Any) -> tuple[SamplingParams, RehearsalConfig]:
-    temperature = getattr(args, "temperature", 1.0)
-    top_p = getattr(args, "top_p", 1.0) or 1.0
+    """Both roles' sampling from TRL's settings: ``max_completion_length`` is each generation's budget."""
     tokens = getattr(args, "max_completion_length", 256) or 256
-    return (
-        SamplingParams(max_new_tokens=tokens, temperature=temperature, top_p=top_p),
-        RehearsalConfig(max_new_tokens=tokens, temperature=temperature, top_p=top_p),
-    )
+    return rollout_sampling(tokens, getattr(args, "temperature", 1.0), getattr(args, "top_p", 1.0) or 1.0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -307,11 +304,15 @@ class PackedGRPOConfig(GRPOConfig):
     bfloat16 runs ~80x slower), and gradient checkpointing is off (TRL's default is on; the packs bound memory,
     ``activation_checkpointing=True`` lowers it further at some cost in time)."""
 
+    # Parameters whose default values are overridden from GRPOConfig
     gradient_checkpointing: bool | None = field(
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing (default: off)."}
     )
+
+    # Parameters that control the shared-prefix forward (as `envace train --shared_prefix --pack_tokens`)
     shared_prefix: bool = field(
-        default=True, metadata={"help": "Encode the prefix that rows share once (exact; see envace_gym.training.packing)."}
+        default=True,
+        metadata={"help": "Encode the prefix that rows share once (exact; see envace_gym.training.packing)."},
     )
     pack_tokens: int = field(
         default=DEFAULT_PACK_TOKENS,
@@ -340,15 +341,21 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
     ``scale_rewards="none"`` (A = R - mean, no std), ``delta=3.0`` (TRL's two-sided clipping caps the ratio of
     negative-advantage tokens: the paper's dual-clip c = 3), ``loss_type="dapo"`` (token-mean over the batch),
     ``use_bias_correction_kl=False`` (the paper's low-variance KL estimate, k3, when ``beta > 0``).
+    TRL's names stay TRL's: ``num_generations`` is G (``group_size`` in the package's own settings) and
+    ``max_completion_length`` the budget of each generation (``max_new_tokens``).
     ``per_device_train_batch_size`` counts episodes (tasks x ``num_generations``); the number of training rows
-    each batch yields varies with the episodes.
+    each batch yields varies with the episodes. ``rollout_executor`` (0.1's name of ``executor``) is still
+    accepted, with a DeprecationWarning, until 0.3.
     """
 
+    # Parameters that control the rollouts
     domain: str = field(default="bank", metadata={"help": "Domain to train on (name or folder)."})
     rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (role-wise rows) or 'inline'."})
-    rollout_executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls in rollouts."})
+    executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls in rollouts."})
     on_invalid: str = field(default="terminate", metadata={"help": "'terminate' (reward 0) or 'feedback'."})
     max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+
+    # Parameters whose default values are overridden from GRPOConfig (the paper's objective)
     scale_rewards: str = field(default="none", metadata={"help": "No std normalization, as in the paper."})
     delta: float | None = field(default=3.0, metadata={"help": "Dual-clip bound for negative advantages."})
     loss_type: str = field(default="dapo", metadata={"help": "Token-mean over the batch."})
@@ -359,6 +366,16 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
             "it by the importance ratio, which changes the KL gradient even on-policy."
         },
     )
+
+    # The 0.1 name, until 0.3: a field (not an InitVar), as transformers keeps its deprecated aliases, so that
+    # subclasses and TrlParser flags (--rollout_executor) keep working too
+    rollout_executor: str | None = field(default=None, metadata={"help": "Deprecated alias of executor."})
+
+    def __post_init__(self) -> None:
+        given = UNSET if self.rollout_executor is None else self.rollout_executor
+        renamed_fields(self, {"rollout_executor": given}, {"rollout_executor": "executor"})
+        self.rollout_executor = None  # said once: a copy of these settings does not warn again
+        super().__post_init__()
 
 
 class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
@@ -450,7 +467,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
         act, rehearsal = _sampling(self.args)
         task_ids = _task_ids([x["prompt"] for x in inputs])
         batch: RolloutBatch = collect_rollouts(
-            _policy_of(self), self.domain, task_ids, 1, executor=self.args.rollout_executor,
+            _policy_of(self), self.domain, task_ids, 1, executor=self.args.executor,
             rehearsal_mode=self.args.rehearsal_mode, act_sampling=act, rehearsal=rehearsal,
             on_invalid=self.args.on_invalid, max_turns=self.args.max_turns,
             seed=int(torch.randint(2**31, (1,)).item()),

@@ -85,7 +85,7 @@ def _grpo_worker(spec: dict[str, Any]) -> dict[str, Any]:
     policy = make_policy(spec["model"])
     model = policy.model.train()
     config = TrainerConfig(
-        packing=spec["packed"], micro_batch_tokens=spec["budget"], temperature=1.0, dtype=spec.get("dtype", "float32")
+        shared_prefix=spec["packed"], pack_tokens=spec["budget"], temperature=1.0, dtype=spec.get("dtype", "float32")
     )
     if spec.get("limit"):  # a short pack: the first row, its prompt cut
         first = rows[0]
@@ -173,13 +173,13 @@ def _collect_rows(
 
     from ..domains.registry import make_domain
     from ..policy.factory import make_policy
-    from ..rehearsal.prompt import RehearsalConfig
+    from ..rehearsal.prompt import rollout_sampling
     from ..rollout.collector import Sample, collect_rollouts
 
     policy, dom = make_policy(model), make_domain(domain)
     picks = np.random.default_rng(seed).choice(len(dom.tasks("train")), tasks, replace=False)
     chosen = [dom.tasks("train")[int(i)] for i in picks]
-    rehearse = RehearsalConfig(max_new_tokens=tokens, temperature=1.0)
+    _, rehearse = rollout_sampling(tokens, temperature=1.0)  # the reference acts: only the Rehearse half is used
     rows: dict[str, list[Sample]] = {}
     for mode in ("separate", "inline"):
         batch = collect_rollouts(

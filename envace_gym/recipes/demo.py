@@ -9,18 +9,18 @@ role) or from the policy (``--act policy``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..domains.registry import make_domain
+from ..evaluation.fidelity import check_rehearsal
 from ..policy.factory import make_policy
-from ..policy.protocol import Policy, SamplingParams
-from ..rehearsal.prompt import RehearsalConfig
+from ..policy.protocol import Policy
+from ..rehearsal.prompt import rollout_sampling
 from ..rollout.collector import collect_rollouts
-from ..tools.canonical import canonical_json
+from ..text import shorten
 from ..tools.schema import ToolCall
 
 
@@ -33,10 +33,9 @@ class DemoStats:
     reward_sum: float = 0.0
 
 
-def _short(value: Any, width: int = 110) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _line(value: Any) -> str:
+    """A message or a result, on one line of at most 110 characters."""
+    return shorten(value, 110, one_line=True)
 
 
 def run_demo(
@@ -62,6 +61,7 @@ def run_demo(
     write(
         f"Act turns from the {act}.\n'real' is what the domain's executor answers for the same call (never shown to the agent).\n"
     )
+    act_sampling, rehearsal = rollout_sampling(max_new_tokens, temperature)
     batch = collect_rollouts(
         model,
         dom,
@@ -69,8 +69,8 @@ def run_demo(
         act=act,
         executor="rehearsal",
         rehearsal_mode=rehearsal_mode,
-        act_sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
-        rehearsal=RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature),
+        act_sampling=act_sampling,
+        rehearsal=rehearsal,
         on_invalid=on_invalid,
         seed=seed,
         progress=out is None,
@@ -82,9 +82,9 @@ def run_demo(
         records = {c["id"]: c for c in episode.calls if c["id"] is not None}
         for message in episode.messages[2:]:
             if message["role"] == "assistant":
-                write(f"  act: {_short(message['content'])}\n")
+                write(f"  act: {_line(message['content'])}\n")
             elif message["role"] == "user":
-                write(f"  user: {_short(message['content'])}\n")
+                write(f"  user: {_line(message['content'])}\n")
             elif message["role"] == "tool" and message.get("tool_call_id") in records:
                 record = records[message["tool_call_id"]]
                 real = (
@@ -96,14 +96,14 @@ def run_demo(
                     continue
                 error = record["error"]
                 shown = record["result"] if error is None else f"{error['code']}: {error['message']}"
-                same = error is None and canonical_json(record["result"]) == canonical_json(real)
+                check = check_rehearsal(record, real)
                 stats.rehearsals += 1
-                stats.parsed += error is None
-                stats.equal_to_real += same
-                write(f"    rehearsed: {_short(shown)}\n")
-                write(f"    real:      {_short(real)}{'   (equal)' if same else ''}\n")
+                stats.parsed += check.schema_ok  # well-formed: accepted as the call's result
+                stats.equal_to_real += check.equal
+                write(f"    rehearsed: {_line(shown)}\n")
+                write(f"    real:      {_line(real)}{'   (equal)' if check.equal else ''}\n")
             elif message["role"] == "tool":
-                write(f"    error: {_short(message['content'])}\n")
+                write(f"    error: {_line(message['content'])}\n")
         stats.episodes += 1
         stats.reward_sum += episode.reward or 0.0
         write(f"  reward {episode.reward if episode.reward is not None else 'masked'}  checks {episode.checks}\n")

@@ -24,8 +24,10 @@ CONDITIONS = ("base", "sft", "sft+grpo-real-tools", "sft+envace-separate", "sft+
 
 @dataclass
 class ExperimentConfig:
-    """Settings of ``envace experiment`` (``--config`` YAML works too)."""
+    """Settings of ``envace experiment`` (``--config`` YAML works too), grouped as in TRL's configs; the names
+    it shares with ``envace train`` (:class:`~envace_gym.recipes.train.TrainConfig`) mean the same there."""
 
+    # Parameters that control what is compared, and where it goes
     domain: str = field(default="bank", metadata={"help": "A stateful domain to learn on."})
     model: str | None = field(default=None, metadata={"help": "Starting model; default: the embedded SmolLM2-135M."})
     output_dir: str = field(default="runs/experiment", metadata={"help": "Where every stage's model and eval go."})
@@ -33,17 +35,23 @@ class ExperimentConfig:
     conditions: list[str] = field(
         default_factory=lambda: list(CONDITIONS), metadata={"help": "Which conditions to run.", "choices": CONDITIONS}
     )
+
+    # Parameters that control the SFT stage
     sft_tasks: int = field(default=24, metadata={"help": "Training tasks whose reference trajectories feed SFT."})
     sft_epochs: float = field(default=2.0, metadata={"help": "SFT epochs."})
     sft_learning_rate: float = field(default=1e-4, metadata={"help": "SFT learning rate."})
+
+    # Parameters that control the RL stages
     rl_steps: int = field(default=6, metadata={"help": "Optimizer steps of every RL condition (equal for all)."})
     tasks_per_step: int = field(default=2, metadata={"help": "Tasks per RL batch."})
-    group_size: int = field(default=4, metadata={"help": "Episodes per task (G)."})
+    group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
     rl_learning_rate: float = field(default=2e-5, metadata={"help": "RL learning rate."})
     max_new_tokens: int = field(default=64, metadata={"help": "Token budget of each Act turn and rehearsal."})
     train_layers: int | None = field(
         default=6, metadata={"help": "Train only the top N decoder layers (CPU budget); None: all."}
     )
+
+    # Parameters that control the evaluation
     eval_tasks: int = field(default=30, metadata={"help": "Held-out test tasks per evaluation."})
     results_file: str = field(default="docs/results.md", metadata={"help": "Where the table is written."})
 

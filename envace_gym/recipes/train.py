@@ -26,6 +26,7 @@ from ..domains.registry import make_domain
 from ..episode.types import REHEARSAL_MODES
 from ..policy.precision import DTYPES, resolve_dtype
 from ..training.memory import return_freed_memory
+from ..training.options import lora_config, use_cpu
 from ..training.packing import DEFAULT_PACK_TOKENS
 
 MODES = ("rehearsal", "real-tools", "sft")
@@ -34,8 +35,12 @@ DEFAULT_GRPO_STEPS = 20
 
 @dataclass
 class TrainConfig:
-    """``envace train`` settings (a YAML file given with ``--config`` sets them too; flags win)."""
+    """``envace train`` settings (a YAML file given with ``--config`` sets them too; flags win), grouped as in
+    TRL's configs. Shared knobs carry TRL's names (``beta``, ``epsilon``, ``delta``, ``learning_rate``);
+    ``group_size`` is TRL's ``num_generations``, ``max_new_tokens`` its ``max_completion_length`` (per generation)
+    and ``steps`` its ``max_steps``."""
 
+    # Parameters that control what is trained, and where it goes
     mode: str = field(
         default="rehearsal",
         metadata={"help": "rehearsal (EnvACE), real-tools (baseline GRPO) or sft.", "choices": MODES},
@@ -49,13 +54,8 @@ class TrainConfig:
     output_dir: str = field(
         default="runs/envace", metadata={"help": "Where checkpoints, metrics and the final model go."}
     )
-    steps: int | None = field(
-        default=None,
-        metadata={
-            "help": "Optimizer steps (GRPO: one per batch of rollouts; default 20). SFT: a limit on top of "
-            "--sft_epochs (default: none, the epochs rule)."
-        },
-    )
+
+    # Parameters that control the rollouts
     tasks_per_step: int = field(
         default=2,
         metadata={
@@ -63,33 +63,54 @@ class TrainConfig:
             "(under accelerate, tasks_per_step x group_size must divide by the number of processes)."
         },
     )
-    group_size: int = field(default=4, metadata={"help": "Episodes per task (the G of GRPO)."})
+    group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
     rehearsal_mode: str = field(
         default="separate",
         metadata={"help": "separate (role-wise rows, the paper's) or inline.", "choices": REHEARSAL_MODES},
     )
-    learning_rate: float = field(default=1e-5, metadata={"help": "Learning rate."})
     max_new_tokens: int = field(
         default=128,
         metadata={
-            "help": "Token budget of each Act turn and rehearsal. real-tools: TRL spends its completion budget "
-            "on the whole multi-turn completion, so it gets max_new_tokens x max_turns."
+            "help": "Token budget of each Act turn and rehearsal (TRL's max_completion_length). real-tools: TRL "
+            "spends its completion budget on the whole multi-turn completion, so it gets max_new_tokens x max_turns."
         },
     )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
     max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+
+    # Parameters that control the training
+    steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Optimizer steps (TRL's max_steps; GRPO: one per batch of rollouts, default 20). SFT: a limit on "
+            "top of --sft_epochs (default: none, the epochs rule)."
+        },
+    )
+    learning_rate: float = field(default=1e-5, metadata={"help": "Learning rate."})
     beta: float = field(
         default=0.0, metadata={"help": "KL coefficient against the starting model (the paper: 1e-4 or 0)."}
     )
+    epsilon: float = field(default=0.2, metadata={"help": "GRPO: PPO clip range epsilon."})
+    delta: float | None = field(
+        default=3.0,
+        metadata={"help": "GRPO: cap on the ratio of negative-advantage tokens, the paper's dual-clip c; null: none."},
+    )
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+
+    # Parameters that control which weights train
     lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     train_layers: int | None = field(
         default=None,
         metadata={"help": "Train only the top N decoder layers (and the final norm): a CPU budget option."},
     )
+
+    # Parameters that control SFT (mode sft)
     sft_tasks: int = field(default=200, metadata={"help": "SFT: how many training tasks' reference trajectories."})
     sft_epochs: float = field(default=1.0, metadata={"help": "SFT: epochs over those rows."})
     sft_batch_size: int = field(default=4, metadata={"help": "SFT: rows per step."})
+
+    # Parameters that control speed and memory
     dtype: str = field(
         default="auto",
         metadata={
@@ -100,8 +121,8 @@ class TrainConfig:
     gradient_checkpointing: bool = field(
         default=False,
         metadata={
-            "help": "Recompute layers in the backward pass, and return freed memory to the OS at once: far "
-            "less memory, some more time (docs/performance.md)."
+            "help": "Recompute layers in the backward pass (TRL's activation_checkpointing), and return freed "
+            "memory to the OS at once: far less memory, some more time (docs/performance.md)."
         },
     )
     shared_prefix: bool = field(
@@ -110,11 +131,12 @@ class TrainConfig:
     pack_tokens: int = field(
         default=DEFAULT_PACK_TOKENS, metadata={"help": "Positions per packed forward (bounds one pack's memory)."}
     )
+
+    # Parameters that control checkpoints and logging
     save_steps: int = field(default=10, metadata={"help": "Checkpoint every this many steps."})
     logging_steps: int = field(default=1, metadata={"help": "Log every this many steps."})
     report_to: str = field(default="none", metadata={"help": "TRL/transformers report_to: none, tensorboard, ..."})
     resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
-    seed: int = field(default=0, metadata={"help": "Random seed."})
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -201,18 +223,6 @@ def _episodes_per_process(config: TrainConfig) -> int:
     return episodes // processes
 
 
-def _use_cpu() -> bool:
-    return not torch.cuda.is_available()
-
-
-def _peft(config: TrainConfig) -> Any:
-    if not config.lora:
-        return None
-    from peft import LoraConfig
-
-    return LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
-
-
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run the training ``config`` describes; returns where things were written and the last metrics."""
     from ..policy.transformers import check_model_source
@@ -234,7 +244,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         save_strategy="steps",
         save_steps=config.save_steps,
         report_to=config.report_to,
-        use_cpu=_use_cpu(),
+        use_cpu=use_cpu(),
         seed=config.seed,
     )
     if config.mode == "sft":
@@ -271,12 +281,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
             max_completion_length=config.max_new_tokens * (turns if config.mode == "real-tools" else 1),
             temperature=config.temperature,
             beta=config.beta,
+            epsilon=config.epsilon,
+            delta=config.delta,
             scale_rewards="none",
-            delta=3.0,
             use_bias_correction_kl=False,  # the paper's k3 KL estimate (matters only with beta > 0)
             loss_type="dapo",
             max_steps=config.grpo_steps,
-            bf16=resolve_dtype(config.dtype, "cpu" if _use_cpu() else "cuda") == torch.bfloat16,
+            bf16=resolve_dtype(config.dtype, "cpu" if use_cpu() else "cuda") == torch.bfloat16,
             activation_checkpointing=config.gradient_checkpointing,
             shared_prefix=config.shared_prefix,
             pack_tokens=config.pack_tokens,
@@ -290,7 +301,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 model=_load_model(path, config.train_layers),
                 args=args,
                 processing_class=tokenizer,
-                peft_config=_peft(config),
+                peft_config=lora_config(config.lora_r) if config.lora else None,
             )
         else:
             args = PackedGRPOConfig(**grpo)
@@ -301,7 +312,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 train_dataset=task_dataset(domain, conversational=True),
                 processing_class=tokenizer,
                 environment_factory=real_tools_environment(domain),
-                peft_config=_peft(config),
+                peft_config=lora_config(config.lora_r) if config.lora else None,
             )
         trainer.train(resume_from_checkpoint=_resume_point(out) if config.resume else None)
     final = out / "final"

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from .prompt import REHEARSE_SYSTEM_PROMPT, RehearsalConfig, rehearsal_messages, rehearsal_prompt
+from .prompt import REHEARSE_SYSTEM_PROMPT, RehearsalConfig, rehearsal_messages, rehearsal_prompt, rollout_sampling
 from .routing import EXECUTORS, choose_route
 
 __all__ = [
@@ -15,4 +15,5 @@ __all__ = [
     "choose_route",
     "rehearsal_messages",
     "rehearsal_prompt",
+    "rollout_sampling",
 ]

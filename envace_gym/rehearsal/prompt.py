@@ -63,6 +63,18 @@ class RehearsalConfig:
         return SamplingParams(self.max_new_tokens, self.temperature, self.top_p, seed=seed, stop=stop)
 
 
+def rollout_sampling(
+    max_new_tokens: int, temperature: float, top_p: float = 1.0
+) -> tuple[SamplingParams, RehearsalConfig]:
+    """The Act role's :class:`SamplingParams` and the Rehearse role's :class:`RehearsalConfig` of one rollout
+    setting: both roles get the same token budget (per generation), temperature and top-p; everything else
+    keeps its default. This is how evaluation, the demo and every trainer sample their rollouts."""
+    return (
+        SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p),
+        RehearsalConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p),
+    )
+
+
 def _dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=False, default=str)
 

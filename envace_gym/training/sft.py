@@ -35,6 +35,7 @@ from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
 from ..policy.precision import resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
 from .model_card import BaseModelCardMixin
+from .options import lora_config, use_cpu
 from .packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 
 logger = logging.getLogger("envace_gym")
@@ -268,8 +269,8 @@ def run_sft(
     hardware runs it faster (float32 master weights either way, see :mod:`envace_gym.policy.precision`)."""
     from trl import SFTConfig
 
-    use_cpu = not torch.cuda.is_available()
-    bf16 = resolve_dtype(dtype, "cpu" if use_cpu else "cuda") == torch.bfloat16
+    cpu = use_cpu()
+    bf16 = resolve_dtype(dtype, "cpu" if cpu else "cuda") == torch.bfloat16
     args = SFTConfig(
         output_dir=output_dir,
         num_train_epochs=epochs,
@@ -283,17 +284,13 @@ def run_sft(
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
         report_to=report_to,
-        use_cpu=use_cpu,
+        use_cpu=cpu,
         bf16=bf16,
         activation_checkpointing=gradient_checkpointing,
         seed=seed,
         dataset_kwargs={"skip_prepare_dataset": False},
     )
-    peft_config = None
-    if lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
+    peft_config = lora_config(lora_r) if lora else None
     groups = dataset["task_id"] if "task_id" in dataset.column_names else None
     trainer = PackedSFTTrainer(
         model=model,

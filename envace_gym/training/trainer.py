@@ -7,11 +7,11 @@ Read it top to bottom against docs/method.md ("Reward and objective"):
    task-success reward R (``separate`` mode: Act rows and Rehearse rows; ``inline`` mode: one row per episode
    with both roles' tokens marked).
 2. **Advantages, role-wise**: A = R - mean(R over the rows of that role in the same group), no std division.
-3. **One on-policy gradient step**: the PPO clipped objective (epsilon 0.2) with dual-clip (c = 3) for
-   negative advantages, averaged over every trained token of the batch (token-mean), plus an optional
-   low-variance KL penalty (k3) against a frozen reference copy. The log-probabilities come from the
-   shared-prefix forward (:mod:`envace_gym.training.packing`): the rows' common prefixes are encoded once, with the
-   same values as a per-row forward.
+3. **One on-policy gradient step**: the PPO clipped objective (``epsilon`` 0.2) with dual-clip (``delta``,
+   c = 3) for negative advantages, averaged over every trained token of the batch (token-mean), plus an
+   optional low-variance KL penalty (k3, weight ``beta``) against a frozen reference copy. The log-probabilities
+   come from the shared-prefix forward (:mod:`envace_gym.training.packing`): the rows' common prefixes are encoded
+   once, with the same values as a per-row forward.
 
 It needs nothing but torch and the collector, which is the point: any RL loop can drive the environment.
 For TRL's trainers see :mod:`envace_gym.integrations.trl`.
@@ -22,17 +22,17 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from .._moved import UNSET, renamed_fields
 from ..domains.registry import make_domain
 from ..policy.precision import autocast, resolve_dtype
-from ..policy.protocol import SamplingParams
 from ..policy.transformers import TransformersPolicy
-from ..rehearsal.prompt import RehearsalConfig
+from ..rehearsal.prompt import rollout_sampling
 from ..rollout.collector import Sample, collect_rollouts
 from .advantages import rolewise_advantages
 from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
@@ -40,33 +40,78 @@ from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, 
 
 @dataclass
 class TrainerConfig:
-    """Settings of :func:`train`; every field has a ``help`` for ``envace train --help``."""
+    """Settings of :func:`train`, grouped as in TRL's configs; every field has a ``help``.
 
+    The objective's knobs have TRL's names (``epsilon``, ``delta``, ``beta``, as in ``GRPOConfig``); G is
+    ``group_size`` (TRL's ``num_generations``). The 0.1 names ``clip_eps``, ``dual_clip``, ``kl_coef``,
+    ``packing`` and ``micro_batch_tokens`` are still accepted as keywords, with a DeprecationWarning, until 0.3.
+    """
+
+    # Parameters that control the rollouts
     domain: str = field(default="bank", metadata={"help": "Domain to train on (name, folder or dataset file)."})
     rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (the paper's) or 'inline'."})
     executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls during training rollouts."})
-    steps: int = field(default=10, metadata={"help": "Gradient steps (one per batch of rollouts)."})
     tasks_per_step: int = field(default=2, metadata={"help": "Tasks per batch (each gives one group)."})
-    group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO."})
-    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate (the paper: 1e-6 for 8B)."})
-    clip_eps: float = field(default=0.2, metadata={"help": "PPO clip range epsilon."})
-    dual_clip: float | None = field(default=3.0, metadata={"help": "Dual-clip bound c for negative advantages."})
-    kl_coef: float = field(default=0.0, metadata={"help": "Low-variance KL coefficient (the paper: 1e-4 or 0)."})
-    max_new_tokens: int = field(default=128, metadata={"help": "Token budget of each Act turn and rehearsal."})
+    group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
+    max_new_tokens: int = field(
+        default=128,
+        metadata={"help": "Token budget of each Act turn and rehearsal (per generation; TRL's max_completion_length)."},
+    )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
     max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
-    micro_batch_tokens: int = field(
-        default=DEFAULT_PACK_TOKENS,
-        metadata={"help": "Tokens per forward/backward micro-batch (packed: distinct prefix-tree positions)."},
+
+    # Parameters that control the training
+    steps: int = field(default=10, metadata={"help": "Gradient steps (one per batch of rollouts; TRL's max_steps)."})
+    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate (the paper: 1e-6 for 8B)."})
+    epsilon: float = field(default=0.2, metadata={"help": "PPO clip range epsilon (as TRL's GRPOConfig.epsilon)."})
+    delta: float | None = field(
+        default=3.0,
+        metadata={
+            "help": "Dual-clip bound c for negative advantages (as TRL's GRPOConfig.delta, which caps their ratio at "
+            "delta: the same loss); None: no dual clip."
+        },
     )
-    packing: bool = field(
+    beta: float = field(
+        default=0.0, metadata={"help": "Coefficient of the low-variance KL (k3) penalty (the paper: 1e-4 or 0)."}
+    )
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    seed: int = field(default=0, metadata={"help": "Seeds task draws and sampling."})
+
+    # Parameters that control speed and memory
+    shared_prefix: bool = field(
         default=True, metadata={"help": "Shared-prefix forward: encode each prefix rows share once (exact)."}
+    )
+    pack_tokens: int = field(
+        default=DEFAULT_PACK_TOKENS,
+        metadata={
+            "help": "Tokens per forward/backward micro-batch: the positions of one pack (shared_prefix), or rows x "
+            "longest row (plain)."
+        },
     )
     dtype: str = field(
         default="auto", metadata={"help": "Compute dtype: auto (bfloat16 where faster), float32 or bfloat16."}
     )
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
-    seed: int = field(default=0, metadata={"help": "Seeds task draws and sampling."})
+
+    # The 0.1 names, accepted as keywords until 0.3 (DeprecationWarning)
+    clip_eps: InitVar[Any] = UNSET
+    dual_clip: InitVar[Any] = UNSET
+    kl_coef: InitVar[Any] = UNSET
+    packing: InitVar[Any] = UNSET
+    micro_batch_tokens: InitVar[Any] = UNSET
+
+    def __post_init__(self, clip_eps: Any, dual_clip: Any, kl_coef: Any, packing: Any, micro_batch_tokens: Any) -> None:
+        given = {"clip_eps": clip_eps, "dual_clip": dual_clip, "kl_coef": kl_coef, "packing": packing,
+                 "micro_batch_tokens": micro_batch_tokens}  # fmt: skip
+        renamed_fields(self, given, _RENAMED)
+
+
+_RENAMED = {
+    "clip_eps": "epsilon",
+    "dual_clip": "delta",
+    "kl_coef": "beta",
+    "packing": "shared_prefix",
+    "micro_batch_tokens": "pack_tokens",
+}  # TrainerConfig's 0.1 field names -> their names since 0.2
 
 
 def token_logprobs(
@@ -109,13 +154,13 @@ def micro_batches(items: list[Any], budget: int, size: Callable[[Any], int]) -> 
 
 
 def _micro_batches(model: Any, pairs: list[tuple[Sample, float]], config: TrainerConfig) -> list[list[Any]]:
-    """(row, advantage) pairs in groups of one forward and backward each, within ``micro_batch_tokens``:
+    """(row, advantage) pairs in groups of one forward and backward each, within ``pack_tokens``:
     packed, the positions of a group's prefix tree (rows that share prefixes land together); plain, the
     padded size."""
-    if config.packing and packing_support(model) is None:
-        packs = plan_packs([s.prompt_ids + s.completion_ids for s, _ in pairs], config.micro_batch_tokens)
+    if config.shared_prefix and packing_support(model) is None:
+        packs = plan_packs([s.prompt_ids + s.completion_ids for s, _ in pairs], config.pack_tokens)
         return [[pairs[i] for i in pack] for pack in packs]
-    return micro_batches(pairs, config.micro_batch_tokens, lambda p: len(p[0].prompt_ids) + len(p[0].completion_ids))
+    return micro_batches(pairs, config.pack_tokens, lambda p: len(p[0].prompt_ids) + len(p[0].completion_ids))
 
 
 def grpo_loss(
@@ -131,28 +176,28 @@ def grpo_loss(
     device = next(model.parameters()).device
     with autocast(resolve_dtype(config.dtype, device), device):
         logp, mask = token_logprobs(
-            model, rows, config.temperature, packing=config.packing, budget=config.micro_batch_tokens
+            model, rows, config.temperature, packing=config.shared_prefix, budget=config.pack_tokens
         )
     old = torch.zeros_like(logp)
     for i, s in enumerate(rows):
         old[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
     adv = torch.tensor(list(advantages), dtype=logp.dtype, device=logp.device)[:, None]
     ratio = torch.exp(logp - old)
-    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - config.clip_eps, 1 + config.clip_eps) * adv)
-    if config.dual_clip is not None:  # dual-clip: bound how far a negative advantage can push
-        surrogate = torch.where(adv < 0, torch.maximum(surrogate, config.dual_clip * adv), surrogate)
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - config.epsilon, 1 + config.epsilon) * adv)
+    if config.delta is not None:  # dual-clip: bound how far a negative advantage can push
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, config.delta * adv), surrogate)
     per_token = -surrogate
     kl_sum = 0.0
     if reference is not None:
         with torch.no_grad(), autocast(resolve_dtype(config.dtype, device), device):
             ref_logp, _ = token_logprobs(
-                reference, rows, config.temperature, packing=config.packing, budget=config.micro_batch_tokens
+                reference, rows, config.temperature, packing=config.shared_prefix, budget=config.pack_tokens
             )
         kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1  # k3: the low-variance KL estimate
-        per_token = per_token + config.kl_coef * kl
+        per_token = per_token + config.beta * kl
         kl_sum = float((kl * mask).sum().detach())
     loss = (per_token * mask).sum() / max(total_tokens, 1)
-    clipped = float((((ratio - 1).abs() > config.clip_eps).float() * mask).sum().detach())
+    clipped = float((((ratio - 1).abs() > config.epsilon).float() * mask).sum().detach())
     return loss, {"loss": float(loss.detach()), "clipped": clipped, "kl": kl_sum}
 
 
@@ -164,9 +209,8 @@ def train(
     tasks = domain.tasks("train")
     rng = np.random.default_rng(config.seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_coef > 0 else None
-    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
-    rehearsal = RehearsalConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if config.beta > 0 else None
+    sampling, rehearsal = rollout_sampling(config.max_new_tokens, config.temperature)
     # Rollouts sample in the dtype the loss recomputes in, so the recorded log-probs are the "old" ones.
     dtype = resolve_dtype(config.dtype, next(model.parameters()).device)
     actor = policy.with_compute_dtype(None if dtype == torch.float32 else dtype)

@@ -9,7 +9,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from envace_gym.domains import SPLITS, Domain, ReferenceTurn, RewardResult, Task, Trajectory, stable_hash
+from envace_gym.domains import (
+    SPLITS,
+    Domain,
+    ReferenceTurn,
+    RewardResult,
+    Task,
+    Trajectory,
+    check_split,
+    stable_hash,
+)
 from envace_gym.errors import DomainError
 from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry, ToolSchema
 
@@ -226,9 +235,7 @@ class BFCLDomain(Domain):
         )
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        if split not in SPLITS:
-            raise DomainError(f"unknown split {split!r}; use one of {SPLITS}")
-        return self._splits[split]
+        return self._splits[check_split(split)]
 
     # -- tools, executor, reward ----------------------------------------------------------------------------
     @property

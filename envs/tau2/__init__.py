@@ -7,10 +7,10 @@ import importlib.util
 import json
 import logging
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
-from envace_gym.domains import SPLITS, Domain, ReferenceTurn, RewardResult, Task, Trajectory
+from envace_gym.domains import SPLITS, Domain, LazyTasks, ReferenceTurn, RewardResult, Task, Trajectory, check_split
 from envace_gym.errors import DomainError
 from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry, ToolSchema
 
@@ -74,23 +74,6 @@ class Tau2Executor(ToolExecutor):
         return self.env.tools.get_db_hash()
 
 
-class _Built(Sequence[Task]):
-    """τ² tasks converted on first access (each conversion runs the gold actions on a fresh database)."""
-
-    def __init__(self, raw: list[Any], split: str, convert: Any) -> None:
-        self.raw, self.split, self._convert, self._done = raw, split, convert, {}
-
-    def __len__(self) -> int:
-        return len(self.raw)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index not in self._done:
-            self._done[index] = self._convert(self.raw[index], self.split)
-        return self._done[index]
-
-
 class Tau2Domain(Domain):
     """
     ## Description
@@ -146,20 +129,25 @@ class Tau2Domain(Domain):
         return self._tools
 
     @cached_property
-    def _tasks(self) -> dict[str, _Built]:
+    def _raw(self) -> dict[str, list[Any]]:
+        """τ²'s raw tasks of each split."""
         test_ids = set(self._split_ids.get("test", []))
-        return {
-            split: _Built([r for r in self._raw_tasks if (r.id in test_ids) == (split == "test")], split, self._task)
-            for split in SPLITS
-        }
+        return {split: [r for r in self._raw_tasks if (r.id in test_ids) == (split == "test")] for split in SPLITS}
+
+    @cached_property
+    def _tasks(self) -> dict[str, LazyTasks]:
+        """Converted on first access: each conversion runs the gold actions on a fresh database."""
+        return {split: LazyTasks(len(raw), partial(self._task_at, split)) for split, raw in self._raw.items()}
 
     def task(self, task_id: str, split: str = "train") -> Task:
         for s in SPLITS:  # ids are "tau2:<domain>/<τ² id>": find the raw task without building the others
-            built = self._tasks[s]
-            for i, raw in enumerate(built.raw):
+            for i, raw in enumerate(self._raw[s]):
                 if f"{self.name}/{raw.id}" == task_id:
-                    return built[i]
+                    return self._tasks[s][i]
         return super().task(task_id, split)
+
+    def _task_at(self, split: str, index: int) -> Task:
+        return self._task(self._raw[split][index], split)
 
     def _task(self, raw: Any, split: str) -> Task:
         instructions = raw.user_scenario.instructions
@@ -193,9 +181,7 @@ class Tau2Domain(Domain):
         )
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        if split not in SPLITS:
-            raise DomainError(f"unknown split {split!r}; use one of {SPLITS}")
-        return self._tasks[split]
+        return self._tasks[check_split(split)]
 
     def make_executor(self, task: Task) -> Tau2Executor:
         return Tau2Executor(self.domain)
