@@ -21,7 +21,6 @@ did), and every token generated in rehearsal is counted (:attr:`RehearsalPlanner
 
 from __future__ import annotations
 
-import json
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -33,7 +32,9 @@ from ..episode.driver import EpisodeDriver
 from ..episode.episode import Episode
 from ..policy.protocol import Generation, Policy, SamplingParams
 from ..rehearsal.prompt import RehearsalConfig
+from ..text import shorten
 
+SUMMARY_WIDTH = 160  # characters of a call, result or answer in a rehearsal's summary
 MODES = ("parallel", "sequential")
 
 ASSESS_SYSTEM = (
@@ -161,10 +162,10 @@ class RehearsalPlanner:
             if call is None:
                 lines.append("- a malformed tool call")
                 continue
-            outcome = record.error.code.value if record.error else _short(record.result)
-            lines.append(f"- {call.name}({_short(dict(call.arguments))}) -> {outcome}")
+            outcome = record.error.code.value if record.error else shorten(record.result, SUMMARY_WIDTH)
+            lines.append(f"- {call.name}({shorten(dict(call.arguments), SUMMARY_WIDTH)}) -> {outcome}")
         if fork.answers:
-            lines.append(f"- answer: {_short(fork.answers[-1])}")
+            lines.append(f"- answer: {shorten(fork.answers[-1], SUMMARY_WIDTH)}")
         lines.append(f"Self-assessment: {assessment}")
         return "\n".join(lines)
 
@@ -179,18 +180,13 @@ class RehearsalPlanner:
         )
 
 
-def _short(value: Any, width: int = 160) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def _transcript(fork: Episode) -> str:
     user = next(m["content"] for m in fork.messages if m["role"] == "user")
     lines = [f"Task: {user}", "Imagined attempt:"]
     for message in fork.messages[2:]:
         role = message["role"]
         label = f"tool {message.get('name', '')}".strip() if role == "tool" else role
-        lines.append(f"[{label}] {_short(message['content'], 400)}")
+        lines.append(f"[{label}] {shorten(message['content'], 400)}")
     return "\n".join(lines)
 
 
