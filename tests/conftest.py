@@ -36,6 +36,14 @@ def tiny_path(tmp_path_factory):
     return str(path)
 
 
+def pytest_collection_modifyitems(config, items):
+    """A default-model test is a slow one too (the 135M model on CPU; the first converts the GGUF): `make
+    test-fast` (``-m "not slow"``) leaves them out with the other slow tests, without each marking both."""
+    for item in items:
+        if item.get_closest_marker("default_model") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """With ``ENVACE_RELIABILITY_REPORT=path``, write how many fuzz cases each property test ran (for
     docs/reliability.md)."""

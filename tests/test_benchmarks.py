@@ -35,6 +35,7 @@ PYTHON_AST = (
 )
 
 
+@pytest.mark.slow
 def test_every_bfcl_function_doc_imports_as_valid_json_schema():
     count, failed = collections.Counter(), []
     for where, language, doc in iter_function_docs():
@@ -180,6 +181,7 @@ BFCL_REFUSES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("category", PYTHON_AST)
 def test_every_bfcl_gold_answer_is_accepted_as_bfcl_accepts_it(category, bfcl_ast_checker):
     """Validation is never stricter than BFCL: every gold answer replayed through the env (real executor)
@@ -203,6 +205,7 @@ def test_every_bfcl_gold_answer_is_accepted_as_bfcl_accepts_it(category, bfcl_as
     assert sum(r == 1.0 for r in rewards.values()) >= 0.99 * len(tasks)
 
 
+@pytest.mark.slow
 def test_every_bfcl_multi_turn_gold_replay_earns_full_reward():
     domain = make_domain("bfcl:multi_turn_base")
     tasks = _all_tasks(domain)
@@ -235,6 +238,7 @@ def test_bfcl_java_and_javascript_gold_calls_validate(category, lang):
     assert valid == len(entries)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tau2:retail", "tau2:airline"])
 def test_tau2_gold_replay_earns_full_reward_and_a_corrupted_one_less(name):
     domain = make_domain(name)

@@ -6,18 +6,47 @@ from pathlib import Path
 
 import pytest
 
+from envace_gym import Domain, DomainError, register_domain
 from envace_gym.cli import build_parser, main
+from envace_gym.domains import registry
 from envace_gym.recipes.demo import run_demo
 
 
 def test_domains_lists_the_builtins(capsys):
-    assert main(["domains"]) == 0
+    assert main(["domains", "--details"]) == 0  # task counts need each domain built
     out = capsys.readouterr().out
     for name in ("units", "bank", "travel"):
         assert name in out
     assert "1000 train, 200 test" in out
 
 
+def test_domains_lists_without_building(capsys, monkeypatch):
+    """The plain listing reads each factory's description; a factory that fails when called is never called."""
+    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))  # leaves no trace
+
+    def broken() -> Domain:
+        """Fails when built."""
+        raise DomainError("this domain was built")
+
+    register_domain("broken", broken)
+    assert main(["domains"]) == 0
+    out = capsys.readouterr().out
+    assert "broken   Fails when built" in out and "units    Unit conversion: one tool call, one number." in out
+    assert "tasks" not in out  # nothing was counted
+    assert main(["domains", "--details"]) == 0
+    assert "broken   not available: this domain was built" in capsys.readouterr().out
+
+
+def test_domains_named_are_built_and_a_typo_is_answered(capsys):
+    assert main(["domains", "units", "bank"]) == 0
+    out = capsys.readouterr().out
+    assert "units      3 tools, 1000 train, 200 test tasks" in out and "bank       4 tools" in out
+    assert "travel" not in out
+    assert main(["domains", "bnak"]) == 2
+    assert "did you mean 'bank'?" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_demo_shows_rehearsed_next_to_real():
     out = io.StringIO()
     stats = run_demo("bank", episodes=2, policy="tiny", max_new_tokens=8, out=out)
@@ -38,6 +67,7 @@ def test_errors_are_reported_not_raised(capsys):
     assert "unknown domain" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_quick_on_the_tiny_model(capsys, tmp_path):
     out = tmp_path / "table.md"
     assert main(["bench", "--model", "tiny", "--quick", "--out", str(out)]) == 0
@@ -47,6 +77,7 @@ def test_bench_quick_on_the_tiny_model(capsys, tmp_path):
     assert table.count("\n| ") >= 8  # header, separator and seven measures
 
 
+@pytest.mark.slow
 def test_bench_train_quick_on_the_tiny_model(tmp_path):
     out = tmp_path / "train.md"
     assert main(["bench", "--train", "--model", "tiny", "--quick", "--out", str(out)]) == 0

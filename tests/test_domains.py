@@ -166,6 +166,48 @@ def test_registry_of_domain_names():
         make_domain("no-such-domain")
 
 
+def test_an_unknown_name_is_answered_with_a_close_match(monkeypatch):
+    with pytest.raises(DomainError, match=r"unknown domain 'bnak'; did you mean 'bank'\? registered: \[.*'bank'"):
+        make_domain("bnak")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a failed "module:attr" import may add the cwd to sys.path
+    with pytest.raises(DomainError, match=r"did you mean 'bfcl:parallel'\?"):  # a family typo keeps the member
+        make_domain("bfc:parallel")
+    with pytest.raises(DomainError, match=r"unknown domain 'qqqqqq'; registered: \[") as nothing_close:
+        make_domain("qqqqqq")
+    assert "did you mean" not in str(nothing_close.value)
+
+
+def test_a_domain_is_described_without_building_or_importing_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        envace_gym.domains.registry, "_FACTORIES", dict(envace_gym.domains.registry._FACTORIES)
+    )  # leaves no trace
+    (tmp_path / "heavy_domain_example.py").write_text(
+        'raise RuntimeError("importing this module is what listing must not do")\n\n\n'
+        'class Heavy:\n    """\n    ## Description\n\n    Loads a large corpus. On build only.\n    """\n\n\n'
+        'class Labelled:\n    """Not this."""\n\n    description: str = "A labelled one."\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def never_built() -> Domain:
+        """A factory that fails when called.
+
+        Listing must not call it."""
+        raise AssertionError("describing a domain built it")
+
+    register_domain("heavy", "heavy_domain_example:Heavy")
+    register_domain("labelled", "heavy_domain_example:Labelled")
+    register_domain("missing", "no_such_module_anywhere:Domain")
+    register_domain("factory", never_built)
+    assert envace_gym.domains.registry.describe_domain("heavy") == "Loads a large corpus"  # heading skipped
+    assert envace_gym.domains.registry.describe_domain("labelled") == "A labelled one."  # `description` wins
+    assert envace_gym.domains.registry.describe_domain("missing") == ""
+    assert envace_gym.domains.registry.describe_domain("factory") == "A factory that fails when called"
+    assert envace_gym.domains.registry.describe_domain("units") == "Unit conversion: one tool call, one number."
+    assert "heavy_domain_example" not in sys.modules
+    with pytest.raises(DomainError, match="did you mean 'heavy'"):
+        envace_gym.domains.registry.describe_domain("heavyy")
+
+
 def test_checklist_reward():
     r = RewardResult.from_checks({"a": True, "b": False}, {"a": 3.0})
     assert r.score == 0.75 and not r.success

@@ -7,6 +7,8 @@ import runpy
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -27,12 +29,14 @@ def test_custom_domain_example(capsys):
     assert "real: reward 1.0" in out and "rehearsal: reward 1.0" in out
 
 
+@pytest.mark.slow
 def test_quickstart_example(capsys):
     run("quickstart.py", "--model", "tiny")
     out = capsys.readouterr().out
     assert "executor=real" in out and "executor=rehearsal" in out and "reward 1.00" in out
 
 
+@pytest.mark.slow
 def test_rehearsal_format_benchmark_counts_every_rehearsed_call(capsys):
     run("rehearsal_format.py", "--model", "tiny", "--tasks", "2", "--setting", "0:1")
     out = capsys.readouterr().out

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHECK = """
@@ -20,6 +22,7 @@ for name in ("units", "bank", "travel"):
 """
 
 
+@pytest.mark.slow
 def test_wheel_install_works_from_another_directory(tmp_path):
     target = tmp_path / "site"
     subprocess.run(

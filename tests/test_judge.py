@@ -109,6 +109,7 @@ def test_a_group_pays_once_for_the_same_judgment():
     assert backend.seen == items and judge.judged == items
 
 
+@pytest.mark.slow
 def test_the_in_process_backend_batches_an_episodes_items():
     task = desk_task()
     judged = ChecklistJudge(TransformersJudge(ScriptedPolicy(lambda prompt: PASS)))
@@ -117,6 +118,7 @@ def test_the_in_process_backend_batches_an_episodes_items():
     assert random_model(task, trajectory(task)).score is None
 
 
+@pytest.mark.slow
 def test_a_failed_judge_is_masked_in_rollouts_and_both_trainers(tmp_path):
     from envace_gym.integrations import trl as envace_trl
     from envace_gym.training.trainer import TrainerConfig, train
@@ -178,6 +180,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_the_endpoint_backend_scores_through_a_real_local_server(tmp_path):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")

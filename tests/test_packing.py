@@ -240,6 +240,7 @@ def test_trl_trainer_logprobs_and_gradients_equal_trls_own_forward(tiny_path, tm
     assert envace_trl.RealToolsGRPOTrainer._get_per_token_logps_and_entropies is mixin
 
 
+@pytest.mark.slow
 def test_sft_trainer_loss_and_gradients_equal_trls_own(tmp_path):
     from trl import SFTConfig, SFTTrainer
 
@@ -292,6 +293,7 @@ def test_task_grouped_sampler_keeps_each_tasks_rows_together_and_reshuffles_by_e
     assert list(sampler) == orders[2]
 
 
+@pytest.mark.slow
 def test_custom_trainer_packed_and_plain_steps_agree():
     from envace_gym.training.trainer import TrainerConfig, train
 
@@ -380,6 +382,7 @@ def _ddp_worker(rank: int, world: int, port: int, queue) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_recomputed_packs_under_ddp_give_the_same_synchronized_gradients():
     import socket
 

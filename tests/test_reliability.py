@@ -96,6 +96,7 @@ def act_texts(draw) -> str:
 
 
 # -- 1. property tests ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 @settings(FUZZ, max_examples=4000)
 @given(text=act_texts())
 def test_fuzz_parse_act(text):
@@ -113,6 +114,7 @@ def test_fuzz_parse_act(text):
         assert parsed.calls and all(isinstance(c.arguments, dict) for c in parsed.calls)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=3000)
 @given(call=calls | json_values, whitelist=st.sampled_from([None, ("find_accounts", "get_balance", "transfer")]))
 def test_fuzz_registry_validate(call, whitelist):
@@ -133,6 +135,7 @@ def test_fuzz_registry_validate(call, whitelist):
         assert result.ok == valid and (valid or result.code is ErrorCode.INVALID_PARAMETERS)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=2500)
 @given(value=json_values, think=st.booleans(), junk=noise, mode=st.integers(0, 3))
 def test_fuzz_parse_execution_result(value, think, junk, mode):
@@ -189,6 +192,7 @@ def assert_one_conversation(episode, observation):
         assert rendered == observation
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=200)
 @given(text=act_texts())
 def test_fuzz_env_step(fuzz_env, text):
@@ -454,6 +458,7 @@ def play(env, seed):
     return trace
 
 
+@pytest.mark.slow
 def test_same_seed_same_episode_single_and_vector():
     params = SamplingParams(max_new_tokens=12, temperature=1.0)
     rehearse = RehearsalConfig(max_new_tokens=12, temperature=1.0)

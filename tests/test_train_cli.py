@@ -71,6 +71,7 @@ def test_train_reads_a_yaml_config_and_flags_win(tiny_path, tmp_path):
     assert saved["steps"] == 1 and saved["rehearsal_mode"] == "inline" and saved["domain"] == "units"
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_last_checkpoint(tiny_path, tmp_path):
     out = tmp_path / "resume"
     base = [
@@ -98,6 +99,7 @@ def test_resume_continues_from_the_last_checkpoint(tiny_path, tmp_path):
     assert max(s for s in steps if s) == 2
 
 
+@pytest.mark.slow
 def test_eval_and_experiment_commands(tiny_path, tmp_path, capsys):
     assert (
         main(
@@ -139,6 +141,7 @@ def test_eval_and_experiment_commands(tiny_path, tmp_path, capsys):
     shutil.which("accelerate") is None and not Path(sys.executable).with_name("accelerate").exists(),
     reason="accelerate CLI missing",
 )
+@pytest.mark.slow
 def test_trl_path_under_accelerate_with_two_cpu_processes(tiny_path, tmp_path):
     accelerate = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
     out = tmp_path / "ddp"
@@ -156,6 +159,7 @@ def test_trl_path_under_accelerate_with_two_cpu_processes(tiny_path, tmp_path):
     assert [s["episodes"] for s in steps] == [1 * 2]  # --tasks_per_step 1 x --group_size 2, over both processes
 
 
+@pytest.mark.slow
 def test_training_killed_by_sigkill_resumes_from_its_last_checkpoint(tiny_path, tmp_path):
     import signal
     import time
@@ -279,6 +283,7 @@ def test_tasks_per_step_is_the_global_batch(monkeypatch):
         _episodes_per_process(config)
 
 
+@pytest.mark.slow
 def test_fsdp_under_accelerate_is_refused_in_one_line(tiny_path, tmp_path):
     """As far as a CPU goes with FSDP: accelerate starts both processes, and each refuses before loading."""
     accelerate = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))

@@ -179,7 +179,7 @@ def test_lora_config_is_rank_r_with_alpha_2r():
         lora_config(0)
 
 
-@pytest.mark.parametrize("mode", ["separate", "inline"])
+@pytest.mark.parametrize("mode", ["separate", pytest.param("inline", marks=pytest.mark.slow)])
 def test_custom_trainer_runs_on_the_tiny_model(mode):
     policy = tiny_policy(seed=1)
     history = train(
@@ -333,6 +333,7 @@ def test_rollout_func_masks_the_tokens_of_a_masked_episode(tmp_path, monkeypatch
     assert out["completion_ids"][1] == list(row.completion_ids)
 
 
+@pytest.mark.slow
 def test_trl_rollout_func_path(tiny_path, tmp_path):
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
@@ -435,6 +436,7 @@ def test_reward_funcs_and_weights_the_envace_trainer_cannot_apply_are_refused(ti
     assert envace_trl._with_domain_reward([mine], None) == [envace_trl.envace_reward, mine]
 
 
+@pytest.mark.slow
 def test_real_tools_environment_runs_the_domain_tools(tiny_path, tmp_path):
     from transformers.utils import get_json_schema
 
@@ -488,6 +490,7 @@ def test_sft_rows_hold_both_roles_exactly(tokenizer):
         assert "precise tool simulator" in prompt and prompt.endswith("<execution_result>\n")
 
 
+@pytest.mark.slow
 def test_sft_learns_the_reference(tmp_path):
     from datasets import Dataset
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import difflib
 import importlib
 import importlib.util
+import inspect
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,83 @@ def list_domains() -> list[str]:
     return sorted(_FACTORIES)
 
 
+def _did_you_mean(name: str) -> str:
+    """``" did you mean 'bank'?"`` when a registered name is close to ``name`` (a typo), else ``""``.
+    For ``"family:member"`` the family is matched and the member kept (``"bfc:parallel"`` → ``"bfcl:parallel"``)."""
+    family, colon, member = name.partition(":")
+    close = difflib.get_close_matches(family if colon else name, list_domains(), n=1)
+    return f" did you mean {close[0] + colon + member!r}?" if close else ""
+
+
+def describe_domain(name: str) -> str:
+    """One line about the registered domain ``name``, found without building it: its factory's ``description``
+    (a class attribute) or else the first sentence of its docstring. A ``"module:attr"`` factory (the built-in
+    domains, entry points) is not even imported: the module's source is read, so listing stays fast when a module
+    loads benchmark data or heavy packages (only its parent packages are imported, to locate it)."""
+    _installed_domains()
+    if name not in _FACTORIES:
+        raise DomainError(f"unknown domain {name!r};{_did_you_mean(name)} registered: {list_domains()}")
+    factory = _FACTORIES[name]
+    if isinstance(factory, str):
+        description, doc = _described_in_source(factory)
+    else:  # a Domain class or instance, or a factory function: already imported
+        description = getattr(factory, "description", "")
+        doc = factory.__doc__  # a class's own docstring (not inherited from Domain)
+    if isinstance(description, str) and description.strip():
+        return description.strip()
+    return _first_sentence(doc) if isinstance(doc, str) else ""
+
+
+def _described_in_source(ref: str) -> tuple[str, str]:
+    """``(description, docstring)`` of the class or function ``"module:attr"`` names, read from the module's
+    source; empty strings when the source cannot be found or ``attr`` is not defined there by a class/def."""
+    where, _, attr = ref.rpartition(":")
+    if where.endswith(".py"):
+        path: Path | None = Path(where)
+    else:
+        try:
+            spec = importlib.util.find_spec(where) if where else None
+        except (ImportError, ValueError):  # a parent package that does not import
+            spec = None
+        path = Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+    if path is None or not path.is_file():
+        return "", ""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return "", ""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.name == attr:
+            description = _class_description(node) if isinstance(node, ast.ClassDef) else ""
+            return description, ast.get_docstring(node) or ""
+    return "", ""
+
+
+def _class_description(node: ast.ClassDef) -> str:
+    """The string a class body assigns to ``description`` (``description = "..."``), if it is a literal."""
+    for item in node.body:
+        targets = (
+            item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(item, ast.AnnAssign) else []
+        )
+        named = any(isinstance(target, ast.Name) and target.id == "description" for target in targets)
+        value = getattr(item, "value", None)
+        if named and isinstance(value, ast.Constant) and isinstance(value.value, str):
+            return value.value
+    return ""
+
+
+def _first_sentence(doc: str, width: int = 100) -> str:
+    """The first sentence of a docstring's first prose paragraph (Markdown headings such as the Gymnasium-style
+    ``## Description`` skipped), on one line of at most ``width`` characters."""
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        text = " ".join(line.strip() for line in paragraph.splitlines() if not line.lstrip().startswith("#"))
+        text = text.replace("``", "").strip()
+        if text:
+            sentence = text.split(". ")[0].rstrip(".")
+            return textwrap.shorten(sentence, width=width, placeholder=" …")
+    return ""
+
+
 def _load_reference(ref: str) -> Any:
     """What ``"module:attr"`` or ``"path/to/file.py:attr"`` names, in the user's own code (imported as any
     module is; model text is never executed)."""
@@ -66,8 +147,8 @@ def _load_reference(ref: str) -> Any:
             module = importlib.import_module(where)
         except ImportError as exc:
             raise DomainError(
-                f"domain {ref!r}: not a registered name or family ({list_domains()}), and no module {where!r} "
-                f"can be imported ({exc})"
+                f"domain {ref!r}: not a registered name or family;{_did_you_mean(ref)} registered: "
+                f"{list_domains()}, and no module {where!r} can be imported ({exc})"
             ) from exc
     if not hasattr(module, attr):
         raise DomainError(f"domain {ref!r}: {where} has no attribute {attr!r}")
@@ -98,7 +179,9 @@ def make_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
         if factory is None:  # "my_package.domains:LibraryDomain" or "my_domain.py:LibraryDomain"
             factory, argument = _load_reference(domain), None
     if factory is None:
-        raise DomainError(f"unknown domain {domain!r}; registered: {list_domains()} (or pass a folder path)")
+        raise DomainError(
+            f"unknown domain {domain!r};{_did_you_mean(domain)} registered: {list_domains()} (or pass a folder path)"
+        )
     if isinstance(factory, str):  # registered, or declared by an entry point, as "module:attr"
         factory = _load_reference(factory)
     if isinstance(factory, Domain):  # a reference (or registration) naming an instance
