@@ -102,12 +102,9 @@ def _bench(args: argparse.Namespace) -> int:
     measures = run_bench(
         model=args.model, domain=args.domain, seed=args.seed, log=lambda m: print(m, flush=True), **sizes
     )
-    table = format_table(measures, f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}")
-    print("\n" + table)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(table + "\n")
-    return 0
+    return _report(
+        format_table(measures, f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}"), args.out
+    )
 
 
 def _bench_train(args: argparse.Namespace) -> int:
@@ -123,10 +120,14 @@ def _bench_train(args: argparse.Namespace) -> int:
         log=lambda m: print(m, flush=True), **sizes,
     )  # fmt: skip
     header = f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}; training, float32"
-    table = format_table(measures, header)
+    return _report(format_table(measures, header), args.out)
+
+
+def _report(table: str, out: str | None) -> int:
+    """Print a benchmark's table, and write it to ``out`` when given."""
     print("\n" + table)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
             f.write(table + "\n")
     return 0
 
