@@ -41,6 +41,22 @@ def test_early_stages_import_without_torch():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
+def test_builtin_domains_build_on_the_early_stages_only():
+    """envs/ installs as envace_gym.envs, outside the contract's graph (lint-imports reads envace_gym/): its
+    domains import only what any user's domain would, the stages up to domains (no torch, no episode)."""
+    allowed = ("envace_gym.errors", "envace_gym.text", "envace_gym.tools", "envace_gym.parsing", "envace_gym.domains")
+    found = []
+    for path in sorted((ROOT / "envs").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            for name in names:
+                if name.startswith("envace_gym") and not name.startswith(allowed):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert not found, found
+
+
 def _modules() -> dict[str, ast.Module]:
     return {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
 
