@@ -23,9 +23,6 @@ from .task import SPLITS, LazyTasks, Task, check_split, stable_hash
 from .trajectory import Trajectory
 
 
-# ----------------------------------------------------------------------------------------------------
-# Domains
-# ----------------------------------------------------------------------------------------------------
 class Domain:
     """Base class: a set of tools, a source of tasks, a reward, and optionally a real executor.
 

@@ -17,9 +17,6 @@ from .domain import Domain
 from .task import SPLITS, Task, check_split
 
 
-# ----------------------------------------------------------------------------------------------------
-# Domains from files
-# ----------------------------------------------------------------------------------------------------
 class FolderDomain(Domain):
     """A domain described by files, for users who would rather write data than code.
 

@@ -17,9 +17,6 @@ from ..errors import DomainError
 from .domain import Domain
 from .folder import FolderDomain, import_file
 
-# ----------------------------------------------------------------------------------------------------
-# Registry of domain names
-# ----------------------------------------------------------------------------------------------------
 _FACTORIES: dict[str, Callable[..., Domain] | str] = {}
 _FROM_ENTRY_POINTS: set[str] = set()  # names that came from entry points: register_domain may replace them
 

@@ -11,9 +11,6 @@ from ..tools.schema import ToolCall
 from .task import Task
 
 
-# ----------------------------------------------------------------------------------------------------
-# Trajectories and rewards
-# ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CallRecord:
     """One tool call as the episode handled it."""

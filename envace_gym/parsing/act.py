@@ -255,3 +255,20 @@ def _rehearsed_error(payload: Any) -> ToolError:
     code = ErrorCode(named) if named in known else ErrorCode.REHEARSED_ERROR
     message = details.get("message") if isinstance(details.get("message"), str) else "the simulator rejected the call"
     return ToolError(code, message, {"rehearsed": json.loads(json.dumps(details, default=str))}, source="rehearsal")
+
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "RESULT_CLOSE",
+    "RESULT_OPEN",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "Limits",
+    "ParsedAct",
+    "ParsedResult",
+    "format_act",
+    "loads_json",
+    "parse_act",
+    "parse_execution_result",
+    "parse_result_json",
+]
