@@ -361,12 +361,16 @@ def test_unwrap_finds_the_model_inside_distributed_wrappers():
     torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=1e-5)
 
 
-def _ddp_worker(rank: int, world: int, port: int, queue) -> None:
+def _ddp_worker(rank: int, world: int, store: str, queue) -> None:
+    from datetime import timedelta
+
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A file rendezvous: no port to race for (a free port picked here can be taken before both ranks bind it, and
+    # the ranks then wait for each other until gloo's 30-minute default), and a short timeout if one rank is lost.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))  # fmt: skip
     prompts, completions = ragged_rows(len(tiny_tokenizer()), seed=rank)
     keep = [i for i, c in enumerate(completions) if c]
     prompts, completions = [prompts[i] for i in keep], [completions[i] for i in keep]
@@ -383,17 +387,22 @@ def _ddp_worker(rank: int, world: int, port: int, queue) -> None:
 
 
 @pytest.mark.slow
-def test_recomputed_packs_under_ddp_give_the_same_synchronized_gradients():
-    import socket
+def test_recomputed_packs_under_ddp_give_the_same_synchronized_gradients(tmp_path):
+    import time
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_ddp_worker, args=(2, port, queue), nprocs=2, start_method="spawn")
+    workers = mp.start_processes(
+        _ddp_worker, args=(2, str(tmp_path / "store"), queue), nprocs=2, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + 300  # a hung rank fails the test instead of stalling the suite
+    while not workers.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in workers.processes:
+                process.kill()
+            pytest.fail("the two DDP ranks did not finish within 300 s")
     results = [queue.get() for _ in range(2)]
     for _rank, worst, scale in results:
         assert scale > 0 and worst <= 1e-5 * max(1.0, scale)
