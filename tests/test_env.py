@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import gymnasium as gym
@@ -59,8 +58,8 @@ NEEDS_LONG_CONTEXT = {"tau2"}
 def test_check_env_passes(tiny, name):
     """Gymnasium's own checker on every registered domain (reset/step API, spaces, seeding determinism)."""
     package, domain = FAMILY_MEMBERS.get(name, (None, name))
-    if package is not None and importlib.util.find_spec(package) is None:
-        pytest.skip(f"{name}: benchmark data not installed (make benchmarks)")
+    if package is not None:
+        pytest.importorskip(package, reason=f"{name}: benchmark data not installed (make benchmarks)")
     policy = ScriptedPolicy(lambda prompt: '{"status": "ok"}') if name in NEEDS_LONG_CONTEXT else tiny
     env = make(domain, policy, rehearsal=RehearsalConfig(max_new_tokens=8))
     check_env(env.unwrapped)

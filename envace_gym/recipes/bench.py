@@ -40,7 +40,7 @@ from ..episode.types import EpisodeConfig
 from ..policy.factory import make_policy
 from ..policy.protocol import Generation, SamplingParams
 from ..policy.transformers import TransformersPolicy
-from ..rehearsal.prompt import RehearsalConfig
+from ..rehearsal.prompt import RehearsalConfig, rollout_sampling
 from ..rollout.collector import collect_rollouts
 from ..tools.executor import ToolExecutor
 from ..tools.schema import ToolRegistry
@@ -294,8 +294,7 @@ def run_bench(
     policy = make_policy(model)
     if not isinstance(policy, TransformersPolicy):
         raise TypeError("the benchmark needs a transformers policy")
-    act = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
-    rehearse = RehearsalConfig(max_new_tokens=max_new_tokens, temperature=1.0)
+    act, rehearse = rollout_sampling(max_new_tokens, temperature=1.0)
     workloads = _workloads(domain, episodes, rehearsal_episodes, act_turns, seed)
     measures: list[Measure] = []
     log("warming up (first calls load kernels and templates) ...")

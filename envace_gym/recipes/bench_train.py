@@ -173,13 +173,13 @@ def _collect_rows(
 
     from ..domains.registry import make_domain
     from ..policy.factory import make_policy
-    from ..rehearsal.prompt import rollout_sampling
+    from ..rehearsal.prompt import RehearsalConfig
     from ..rollout.collector import Sample, collect_rollouts
 
     policy, dom = make_policy(model), make_domain(domain)
     picks = np.random.default_rng(seed).choice(len(dom.tasks("train")), tasks, replace=False)
     chosen = [dom.tasks("train")[int(i)] for i in picks]
-    _, rehearse = rollout_sampling(tokens, temperature=1.0)  # the reference acts: only the Rehearse half is used
+    rehearse = RehearsalConfig(max_new_tokens=tokens, temperature=1.0)  # reference acts: only the Rehearse role samples
     rows: dict[str, list[Sample]] = {}
     for mode in ("separate", "inline"):
         batch = collect_rollouts(
