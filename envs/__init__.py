@@ -7,6 +7,7 @@ BUILTIN_DOMAINS = {
     "units": "envace_gym.envs.units:UnitsDomain",
     "bank": "envace_gym.envs.bank:BankDomain",
     "travel": "envace_gym.envs.travel:TravelDomain",
+    "lights": "envace_gym.envs.lights:LightsDomain",
     # Benchmark families (need `make benchmarks`): "bfcl:<category>", "tau2:<domain>".
     "bfcl": "envace_gym.envs.bfcl:BFCLDomain",
     "tau2": "envace_gym.envs.tau2:Tau2Domain",

@@ -153,7 +153,7 @@ def _eval(args: argparse.Namespace) -> int:
             continue  # N=0 is plain acting, whatever the mode
         result = evaluate(
             policy, domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, fidelity=not args.no_fidelity and not runs, planner=planner,
+            temperature=args.temperature, top_p=args.top_p, fidelity=not args.no_fidelity and not runs, planner=planner,
             seed=args.seed, progress=True,
         )  # fmt: skip
         runs.append(("plain acting" if planner is None else label, result))
@@ -350,7 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--max-new-tokens", type=int, default=128, help="token budget of each Act turn and each rehearsal"
     )
-    evaluate.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    evaluate.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (the paper evaluates at 0.6)"
+    )
+    evaluate.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling (the paper: 0.95)")
     evaluate.add_argument(
         "--no-fidelity", action="store_true",
         help="skip the rehearsal-fidelity pass (the reference calls rehearsed, compared with the real results)",

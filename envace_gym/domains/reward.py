@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,3 +82,21 @@ def score_expected(task: Task, trajectory: Trajectory, executor: ToolExecutor | 
         low = answer.lower()
         checks["answer_contains"] = all(str(s).lower() in low for s in expected["answer_contains"])
     return RewardResult.from_checks(checks, expected.get("weights"))
+
+
+def score_reference(task: Task, trajectory: Trajectory) -> RewardResult:
+    """A checklist from the task's reference, scored without running any tool (the paper trains on a checklist
+    judged against the reference, never on the real environment):
+
+    * ``"calls"``: every call of the reference solution (canonical name + arguments) was made and passed
+      validation;
+    * the answer checks of ``task.expected`` (``"answer_numbers"``, ``"answer_contains"``).
+
+    A final-state check (``"state"``) is left out: it needs the real executor. A task with neither reference
+    calls nor answer checks cannot be scored this way (masked).
+    """
+    expected = {k: v for k, v in task.expected.items() if k in ("answer_numbers", "answer_contains", "weights")}
+    calls = [c.to_json() for turn in task.reference for c in turn.calls]
+    if calls:
+        expected["calls"] = calls
+    return score_expected(dataclasses.replace(task, expected=expected), trajectory, None)

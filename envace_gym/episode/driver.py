@@ -38,10 +38,14 @@ class EpisodeDriver:
         rng: Seeds every batch whose sampling parameters carry no seed, one draw per ``generate`` call, in
             call order (so a seeded caller gets the same numbers whatever drives it).
         session: A KV-reusing generation session (:func:`open_session`), or ``None``.
+        simulator: Answers the episodes' own requests (rehearsals) instead of ``policy``: a frozen simulator,
+            as in the paper's ablation where only the Act role trains; ``None``: the policy rehearses.
     """
 
-    def __init__(self, policy: Policy, rng: np.random.Generator, session: Any = None) -> None:
-        self.policy, self.rng, self.session = policy, rng, session
+    def __init__(
+        self, policy: Policy, rng: np.random.Generator, session: Any = None, simulator: Policy | None = None
+    ) -> None:
+        self.policy, self.rng, self.session, self.simulator = policy, rng, session, simulator
 
     @classmethod
     def without_policy(cls, message: str) -> EpisodeDriver:
@@ -57,7 +61,10 @@ class EpisodeDriver:
         return generate_batched(self.policy, prompts, params, self.rng, self.session, keys)
 
     def fulfil(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """Every request generated, one batch per sampling setting (see :func:`fulfil`)."""
+        """Every request generated, one batch per sampling setting (see :func:`fulfil`), by the simulator if
+        there is one (without the policy's KV session: its caches hold the policy's activations)."""
+        if self.simulator is not None:
+            return fulfil(self.simulator, requests, self.rng)
         return fulfil(self.policy, requests, self.rng, self.session)
 
     # -- playing --------------------------------------------------------------------------------------

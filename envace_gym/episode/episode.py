@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..domains.domain import Domain
-from ..domains.reward import RewardResult
+from ..domains.reward import RewardResult, score_reference
 from ..domains.task import Task
 from ..domains.trajectory import CallRecord, Trajectory
 from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, ToolError
@@ -598,7 +598,10 @@ class Episode:
             self.reward_result = RewardResult(None, {})
             return self._outcome(0.0, terminated, not terminated, info)
         try:
-            self.reward_result = self.domain.score(self.task, self.trajectory())
+            if self.config.reward == "reference":  # no tool runs: the reward an executor-free run trains on
+                self.reward_result = score_reference(self.task, self.trajectory())
+            else:
+                self.reward_result = self.domain.score(self.task, self.trajectory())
         except Exception as exc:  # a verifier that fails masks the episode (None), never a silent 0
             self.reward_result = RewardResult(None, {})
             info["reward_error"] = f"{type(exc).__name__}: {exc}"[:300]

@@ -15,6 +15,7 @@ from ..rehearsal.routing import EXECUTORS
 from ..tools.schema import ToolCall
 
 ON_INVALID = ("terminate", "feedback")
+REWARDS = ("domain", "reference")
 REHEARSAL_MODES = ("separate", "inline")
 MAX_USER_TURNS = 30  # the default of every entry point that plays episodes
 
@@ -34,6 +35,10 @@ class EpisodeConfig:
         max_user_turns: Most user turns before truncation.
         rehearsal: How the Rehearse role is prompted and sampled.
         limits: Bounds on Act turns and JSON.
+        reward: ``"domain"`` (the domain's own score, e.g. ``bank``'s final ledger, which replays the calls into
+            the real tools) or ``"reference"`` (:func:`~envace_gym.domains.reward.score_reference`: the task's
+            reference calls and answer facts, scored without running any tool; what training without an
+            executor needs).
         tool_call_format: How Act turns write tool calls: a name in :data:`envace_gym.parsing.formats.FORMATS`,
             ``"response_parser"`` (the tokenizer's ``parse_response``), or ``None``: found from the tokenizer
             (see :func:`envace_gym.parsing.formats.tool_call_format`).
@@ -48,8 +53,11 @@ class EpisodeConfig:
     rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
     limits: Limits = DEFAULT_LIMITS
     tool_call_format: str | None = None
+    reward: str = "domain"
 
     def __post_init__(self) -> None:
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
         if self.tool_call_format is not None and self.tool_call_format not in (*FORMATS, "response_parser"):
             raise ValueError(
                 f"tool_call_format must be one of {sorted(FORMATS)}, 'response_parser' or None, "

@@ -68,6 +68,7 @@ def evaluate(
     *,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
+    top_p: float = 1.0,
     fidelity: bool = True,
     planner: PlannerConfig | None = None,
     seed: int = 0,
@@ -75,13 +76,15 @@ def evaluate(
 ) -> EvalResult:
     """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
 
+    ``temperature`` 0 is greedy; the paper evaluates sampled, at 0.6 with ``top_p`` 0.95 (``seed`` fixes the draw).
+
     With ``planner``, every committed Act turn is written after private rehearsal (:mod:`envace_gym.rollout.planner`);
     ``rehearsal_tokens`` and ``real_calls`` then say what the rehearsal cost and that it called no real tool.
     ``progress``: ``True`` shows a bar per pass; a callable gets ``(done, total)`` over both passes' episodes.
     """
     dom = make_domain(domain)
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
-    sampling, rehearsal = rollout_sampling(max_new_tokens, temperature)
+    sampling, rehearsal = rollout_sampling(max_new_tokens, temperature, top_p)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
     passes = 2 if fidelity and dom.executes_calls else 1
     executor = "real" if not tasks or dom.make_executor(tasks[0]) is not None else "cached"

@@ -39,8 +39,10 @@ from trl.trainer.utils import pad, use_adapter
 from .._moved import UNSET, renamed_fields
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
+from ..domains.reward import score_reference
 from ..domains.task import Task
 from ..domains.trajectory import CallRecord, Trajectory
+from ..episode.types import REWARDS
 from ..errors import TrainingConfigError
 from ..policy.precision import resolve_dtype
 from ..policy.protocol import SamplingParams
@@ -353,6 +355,10 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
     rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (role-wise rows) or 'inline'."})
     executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls in rollouts."})
     on_invalid: str = field(default="terminate", metadata={"help": "'terminate' (reward 0) or 'feedback'."})
+    reward: str = field(
+        default="domain",
+        metadata={"help": "'domain' (the domain's score) or 'reference' (reference calls and answer facts, no tool run)."},
+    )
     max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
 
     # Parameters whose default values are overridden from GRPOConfig (the paper's objective)
@@ -469,7 +475,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):
         batch: RolloutBatch = collect_rollouts(
             _policy_of(self), self.domain, task_ids, 1, executor=self.args.executor,
             rehearsal_mode=self.args.rehearsal_mode, act_sampling=act, rehearsal=rehearsal,
-            on_invalid=self.args.on_invalid, max_turns=self.args.max_turns,
+            on_invalid=self.args.on_invalid, max_turns=self.args.max_turns, reward=self.args.reward,
             seed=int(torch.randint(2**31, (1,)).item()),
         )  # fmt: skip
         rewards = self._episode_rewards(batch, mode)
@@ -665,10 +671,14 @@ def _tool_method(name: str, fn: Any) -> Any:
     return functools.update_wrapper(method, fn)  # the real tool's name, docstring and signature (via __wrapped__)
 
 
-def real_tools_reward(domain: str | Domain):
+def real_tools_reward(domain: str | Domain, reward: str = "domain"):
     """The domain's reward for the real-tools baseline: the calls the episode's environment saw, plus the
-    final answer (the completion's last assistant message)."""
+    final answer (the completion's last assistant message). ``reward="reference"`` scores the task's reference
+    calls and answer facts instead (:func:`~envace_gym.domains.reward.score_reference`), as an executor-free
+    EnvACE run does, so the two differ only in who answers the calls."""
     dom = make_domain(domain)
+    if reward not in REWARDS:
+        raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
 
     def reward(completions: list[Any], environments: list[Any], **kwargs: Any) -> list[float | None]:
         out: list[float | None] = []
@@ -677,7 +687,7 @@ def real_tools_reward(domain: str | Domain):
             answer = _final_text(completion)
             trajectory = Trajectory(env.task, (), tuple(env.records), (answer,) if answer else ())
             try:
-                result = dom.score(env.task, trajectory)
+                result = score_reference(env.task, trajectory) if reward == "reference" else dom.score(env.task, trajectory)
             except Exception:
                 out.append(None)
                 continue

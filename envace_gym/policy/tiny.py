@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -97,12 +98,18 @@ FAMILIES: dict[str, _Family] = {
 
 
 @functools.lru_cache(maxsize=16)
-def _tiny_tokenizer(vocab_size: int, family: str = "qwen2_5") -> PreTrainedTokenizerFast:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+def _tiny_tokenizer(
+    vocab_size: int, family: str = "qwen2_5", corpus: tuple[str, ...] = (), whole_words: bool = False
+) -> PreTrainedTokenizerFast:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     spec = FAMILIES[family]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if whole_words:  # spaces and punctuation stand alone, so a word is the same token wherever it stands
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r"[^A-Za-z0-9]"), "isolated"), pre_tokenizers.ByteLevel(False, use_regex=False)]
+        )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -110,7 +117,7 @@ def _tiny_tokenizer(vocab_size: int, family: str = "qwen2_5") -> PreTrainedToken
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.train_from_iterator((*_CORPUS, *corpus) * 4, trainer=trainer)
     if spec.added:
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.added])
     fast = PreTrainedTokenizerFast(
@@ -120,8 +127,14 @@ def _tiny_tokenizer(vocab_size: int, family: str = "qwen2_5") -> PreTrainedToken
     return fast
 
 
-def tiny_tokenizer(vocab_size: int = 600, family: str = "qwen2_5") -> PreTrainedTokenizerFast:
+def tiny_tokenizer(
+    vocab_size: int = 600, family: str = "qwen2_5", corpus: Sequence[str] = (), whole_words: bool = False
+) -> PreTrainedTokenizerFast:
     """A fresh copy of the tiny byte-level tokenizer (any text round-trips through it).
+
+    ``corpus``: more texts to learn merges from (with a larger ``vocab_size``, a domain's own prompts come out
+    shorter). ``whole_words``: spaces and punctuation are tokens of their own, so ``porch`` is one token in
+    ``the porch`` and in ``"porch"``: a model trained from scratch copies a word by copying its token.
 
     ``family`` gives it a model family's special tokens and the chat template TRL ships for that family
     (:data:`FAMILIES`: ``qwen2_5`` (the default model's layout), ``qwen3``, ``qwen3_5``, ``llama3_1``,
@@ -132,7 +145,7 @@ def tiny_tokenizer(vocab_size: int = 600, family: str = "qwen2_5") -> PreTrained
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
-    return copy.deepcopy(_tiny_tokenizer(vocab_size, family))
+    return copy.deepcopy(_tiny_tokenizer(vocab_size, family, tuple(corpus), whole_words))
 
 
 def tiny_model(

@@ -1,11 +1,23 @@
 """``envace experiment``: the learning comparison behind ``docs/results.md``.
 
-For each seed: evaluate the base model; SFT it on reference trajectories (both roles); from that SFT model,
-train for the same number of steps with (a) standard GRPO with the real tools, (b) EnvACE ``separate`` and
-(c) EnvACE ``inline``; evaluate every model on the same held-out tasks with the **real** executor. Each
-stage writes its model and its evaluation under ``output_dir/seed-<s>/<condition>/`` and is skipped when
-already done, so an interrupted experiment resumes where it stopped. The table (mean ± spread over seeds,
-wall time per stage) is written to ``results_file``.
+Per seed: warm-start the model by SFT on reference trajectories (both roles), then train every RL condition
+from that SFT model for the same number of steps and episodes with the readable trainer
+(:mod:`envace_gym.training.trainer`). The RL conditions differ only in who answers the tool calls and which
+rows train:
+
+* ``sft+grpo-real-tools``: standard GRPO, the domain's real tools answer (``executor="real"``);
+* ``sft+envace-separate``: EnvACE, the policy rehearses every call with a fresh prompt, both roles train;
+* ``sft+envace-inline``: EnvACE, the policy writes tool results in its own chat, both roles train;
+* ``sft+envace-frozen-sim``: the paper's ablation, the frozen SFT weights rehearse and only Act rows train.
+
+All of them score episodes with the same reward (``reward``; ``"reference"``: the task's reference calls and
+answer facts, no tool run, so EnvACE trains with zero real executions) and treat a bad call the same way
+(``on_invalid``). Every ``eval_every`` steps the model is evaluated on held-out tasks with the **real**
+executor, greedy and sampled (T 0.6, top-p 0.95, the paper's), which draws the learning curve.
+
+Every stage resumes: a finished stage is skipped, an RL stage cut off continues from its last checkpoint,
+SFT from TRL's. What was measured goes to ``output_dir/experiment.json``; the table to ``results_file`` and a
+learning-curve PNG beside it.
 """
 
 from __future__ import annotations
@@ -19,174 +31,369 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-CONDITIONS = ("base", "sft", "sft+grpo-real-tools", "sft+envace-separate", "sft+envace-inline")
+from ..episode.types import ON_INVALID, REWARDS
+
+RL_CONDITIONS: dict[str, dict[str, Any]] = {
+    "sft+grpo-real-tools": {"executor": "real"},
+    "sft+envace-separate": {"executor": "rehearsal", "rehearsal_mode": "separate"},
+    "sft+envace-inline": {"executor": "rehearsal", "rehearsal_mode": "inline"},
+    "sft+envace-frozen-sim": {"executor": "rehearsal", "rehearsal_mode": "separate", "frozen_simulator": True},
+}
+CONDITIONS = ("base", "sft", *RL_CONDITIONS)
 
 
 @dataclass
 class ExperimentConfig:
-    """Settings of ``envace experiment`` (``--config`` YAML works too), grouped as in TRL's configs; the names
-    it shares with ``envace train`` (:class:`~envace_gym.recipes.train.TrainConfig`) mean the same there."""
+    """Settings of ``envace experiment`` (``--config`` YAML works too), grouped as in TRL's configs. The
+    defaults are the small scale that fits a 2-core CPU: a from-scratch tiny model on ``lights``."""
 
     # Parameters that control what is compared, and where it goes
-    domain: str = field(default="bank", metadata={"help": "A stateful domain to learn on."})
-    model: str | None = field(default=None, metadata={"help": "Starting model; default: the embedded SmolLM2-135M."})
+    domain: str = field(default="lights", metadata={"help": "Domain to learn on (a name, a folder, file.py:Class)."})
+    model: str | None = field(
+        default="tiny",
+        metadata={
+            "help": "Starting model: 'tiny' (a fresh Llama of ~0.4M parameters with a tokenizer learnt from the "
+            "domain's texts), 'default' (the embedded SmolLM2-135M), or a path / hub id."
+        },
+    )
     output_dir: str = field(default="runs/experiment", metadata={"help": "Where every stage's model and eval go."})
-    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"help": "Training seeds (>= 2 for a spread)."})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds (>= 2 for a spread)."})
     conditions: list[str] = field(
-        default_factory=lambda: list(CONDITIONS), metadata={"help": "Which conditions to run.", "choices": CONDITIONS}
+        default_factory=lambda: ["sft", "sft+grpo-real-tools", "sft+envace-separate"],
+        metadata={"help": "Which conditions to run.", "choices": CONDITIONS},
     )
 
     # Parameters that control the SFT stage
-    sft_tasks: int = field(default=24, metadata={"help": "Training tasks whose reference trajectories feed SFT."})
-    sft_epochs: float = field(default=2.0, metadata={"help": "SFT epochs."})
-    sft_learning_rate: float = field(default=1e-4, metadata={"help": "SFT learning rate."})
+    sft_tasks: int = field(default=200, metadata={"help": "Training tasks whose reference trajectories feed SFT."})
+    sft_steps: int = field(default=200, metadata={"help": "SFT optimizer steps (batch sft_batch_size rows)."})
+    sft_batch_size: int = field(default=8, metadata={"help": "SFT rows per step."})
+    sft_learning_rate: float = field(default=1e-3, metadata={"help": "SFT learning rate (constant)."})
 
-    # Parameters that control the RL stages
-    rl_steps: int = field(default=6, metadata={"help": "Optimizer steps of every RL condition (equal for all)."})
-    tasks_per_step: int = field(default=2, metadata={"help": "Tasks per RL batch."})
-    group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
-    rl_learning_rate: float = field(default=2e-5, metadata={"help": "RL learning rate."})
-    max_new_tokens: int = field(default=64, metadata={"help": "Token budget of each Act turn and rehearsal."})
+    # Parameters that control the RL stages (the same for every condition)
+    rl_steps: int = field(default=30, metadata={"help": "Optimizer steps of every RL condition."})
+    tasks_per_step: int = field(default=4, metadata={"help": "Tasks per RL batch."})
+    group_size: int = field(default=8, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
+    rl_learning_rate: float = field(default=1e-3, metadata={"help": "RL learning rate (constant, AdamW)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of each Act turn and rehearsal; default: the longest reference turn or result of "
+            "the training tasks (measured with the model's tokenizer) plus a quarter."
+        },
+    )
+    on_invalid: str = field(
+        default="feedback",
+        metadata={"help": "A bad call or rehearsal, in every condition: feedback or terminate.", "choices": ON_INVALID},
+    )
+    reward: str = field(
+        default="reference",
+        metadata={
+            "help": "What every RL condition trains on: reference (reference calls and answer facts, no tool run) "
+            "or domain (the domain's own score).",
+            "choices": REWARDS,
+        },
+    )
     train_layers: int | None = field(
-        default=6, metadata={"help": "Train only the top N decoder layers (CPU budget); None: all."}
+        default=None, metadata={"help": "Train only the top N decoder layers (CPU budget); None: all."}
     )
 
     # Parameters that control the evaluation
-    eval_tasks: int = field(default=30, metadata={"help": "Held-out test tasks per evaluation."})
-    results_file: str = field(default="docs/results.md", metadata={"help": "Where the table is written."})
+    eval_tasks: int = field(default=100, metadata={"help": "Held-out test tasks per evaluation."})
+    eval_every: int = field(default=10, metadata={"help": "Evaluate (and checkpoint) every this many RL steps."})
+    eval_temperature: float = field(default=0.6, metadata={"help": "Sampled evaluation: temperature (paper: 0.6)."})
+    eval_top_p: float = field(default=0.95, metadata={"help": "Sampled evaluation: top-p (paper: 0.95)."})
+    eval_seed: int = field(default=1234, metadata={"help": "Seed of the sampled evaluation (the same for all)."})
+    results_file: str | None = field(
+        default=None, metadata={"help": "Where the table is written; default: output_dir/results.md."}
+    )
+    threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's)."})
+
+    def __post_init__(self) -> None:
+        unknown = set(self.conditions) - set(CONDITIONS)
+        if unknown:
+            raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {CONDITIONS}")
+        if self.on_invalid not in ON_INVALID:
+            raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
+        if self.eval_every < 1 or self.rl_steps < 1 or self.sft_steps < 1:
+            raise ValueError("eval_every, rl_steps and sft_steps must be at least 1")
+
+    @property
+    def results_path(self) -> Path:
+        return Path(self.results_file) if self.results_file else Path(self.output_dir) / "results.md"
 
 
-def _stage(config: ExperimentConfig, seed: int, condition: str) -> Path:
-    return Path(config.output_dir) / f"seed-{seed}" / condition
+def command_line(config: ExperimentConfig) -> str:
+    """The ``envace experiment`` command that reproduces ``config``."""
+    parts = ["envace", "experiment"]
+    for key, value in asdict(config).items():
+        if value is None:
+            continue
+        parts += [f"--{key}", *(map(str, value) if isinstance(value, list) else [str(value)])]
+    return shlex.join(parts)
 
 
 def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]:
-    """Run (or resume) every stage; returns all evaluations and writes the results table."""
-    from ..domains.registry import make_domain
-    from ..evaluation.evaluate import evaluate
-    from ..policy.factory import make_policy
-    from ..policy.transformers import TransformersPolicy, check_model_source
-    from .train import TrainConfig, train
+    """Run (or resume) every stage; writes ``experiment.json``, the table and the learning curves."""
+    import torch
 
-    unknown = set(config.conditions) - set(CONDITIONS)
-    if unknown:
-        raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {CONDITIONS}")
-    check_model_source(config.model)  # mistakes fail here, before the first stage loads anything
-    make_domain(config.domain)
-    results: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in config.conditions}
+    from ..domains.registry import make_domain
+    from ..policy.transformers import check_model_source
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if config.model not in (None, "tiny", "default"):
+        check_model_source(config.model)  # mistakes fail here, before the first stage loads anything
+    domain = make_domain(config.domain)
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    start = _starting_model(config, domain, out)
+    budget = config.max_new_tokens or _token_budget(domain, start, config.sft_tasks)
+    log(f"envace experiment: {domain.name}, model {start}, {budget} new tokens per generation")
+    records: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in config.conditions}
     for seed in config.seeds:
         for condition in config.conditions:
-            stage = _stage(config, seed, condition)
-            done = stage / "eval.json"
+            stage = out / f"seed-{seed}" / condition
+            done = stage / "record.json"
             if done.is_file():
-                results[condition][seed] = _with_timing(stage, json.loads(done.read_text()))
+                records[condition][seed] = json.loads(done.read_text())
                 log(f"[seed {seed}] {condition}: done before, skipped")
                 continue
             stage.mkdir(parents=True, exist_ok=True)
-            started = time.perf_counter()
             if condition == "base":
-                model_path = config.model
-            elif (stage / "train_summary.json").is_file() and (stage / "final" / "config.json").is_file():
-                model_path = str(stage / "final")  # trained before an interruption: only the evaluation is left
-                log(f"[seed {seed}] {condition}: trained before, evaluating")
+                record = {"train_seconds": 0.0, "curve": [], **_evaluate(config, domain, start, budget)}
+            elif condition == "sft":
+                record = _sft_stage(config, domain, start, stage, seed, log)
+                record.update(_evaluate(config, domain, str(stage / "final"), budget))
             else:
-                start_from = config.model if condition == "sft" else str(_stage(config, seed, "sft") / "final")
-                mode = {"sft": "sft", "sft+grpo-real-tools": "real-tools"}.get(condition, "rehearsal")
-                log(f"[seed {seed}] {condition}: training ({mode}) ...")
-                train(
-                    TrainConfig(
-                        mode=mode,
-                        domain=config.domain,
-                        model=start_from,
-                        output_dir=str(stage),
-                        steps=None if mode == "sft" else config.rl_steps,
-                        tasks_per_step=config.tasks_per_step,
-                        group_size=config.group_size,
-                        rehearsal_mode="inline" if condition.endswith("inline") else "separate",
-                        learning_rate=config.sft_learning_rate if mode == "sft" else config.rl_learning_rate,
-                        max_new_tokens=config.max_new_tokens,
-                        sft_tasks=config.sft_tasks,
-                        sft_epochs=config.sft_epochs,
-                        train_layers=config.train_layers,
-                        save_steps=10_000,
-                        seed=seed,
-                    )
-                )
-                model_path = str(stage / "final")
-            trained_s = time.perf_counter() - started
-            log(f"[seed {seed}] {condition}: evaluating on {config.eval_tasks} test tasks ...")
-            policy = make_policy(model_path)
-            assert isinstance(policy, TransformersPolicy)
-            result = evaluate(policy, config.domain, "test", config.eval_tasks, max_new_tokens=config.max_new_tokens)
-            eval_s = time.perf_counter() - started - trained_s
-            record = {**result.to_dict(), "train_seconds": trained_s, "eval_seconds": eval_s}
-            record.pop("per_task")
+                record = _rl_stage(config, domain, out / f"seed-{seed}" / "sft", stage, seed, condition, budget, log)
+            record.update(condition=condition, seed=seed, domain=domain.name)
             done.write_text(json.dumps(record, indent=2))
-            results[condition][seed] = record = _with_timing(stage, record)
-            log(
-                f"[seed {seed}] {condition}: success {result.success_rate:.3f}, reward {result.mean_reward:.3f}, rehearsal equal-to-real {result.equal_to_real:.3f}"
-            )
-    table = format_results(config, results)
-    Path(config.results_file).parent.mkdir(parents=True, exist_ok=True)
-    Path(config.results_file).write_text(table)
+            records[condition][seed] = record
+            log(f"[seed {seed}] {condition}: success {record['success']:.3f} (greedy), "
+                f"{record['success_sampled']:.3f} (sampled)")  # fmt: skip
+    summary = {
+        "command": command_line(config),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, Python {sys.version.split()[0]}",
+        "config": asdict(config),
+        "max_new_tokens": budget,
+        "records": [r for by_seed in records.values() for r in by_seed.values()],
+    }
+    (out / "experiment.json").write_text(json.dumps(summary, indent=2))
+    table = format_results(config, records, budget)
+    config.results_path.parent.mkdir(parents=True, exist_ok=True)
+    config.results_path.write_text(table)
+    plot = plot_learning_curves(records, config.results_path.with_name(f"curve-{domain.name}.png"), domain.name)
     log(table)
-    return {"results": results, "table": table}
+    return {"records": records, "table": table, "plot": plot}
 
 
-def _with_timing(stage: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """Training time from the stage's own summary (right even when the model was trained by an earlier,
-    interrupted run), evaluation time from the record."""
-    record = dict(record)
-    if "eval_seconds" not in record:  # records written before eval time was stored separately
-        record["eval_seconds"] = record.get("total_seconds", 0.0) - record.get("train_seconds", 0.0)
-    summary = stage / "train_summary.json"
-    if summary.is_file():
-        record["train_seconds"] = float(json.loads(summary.read_text())["seconds"])
-    return record
+# -- the stages --------------------------------------------------------------------------------------------
+def _starting_model(config: ExperimentConfig, domain: Any, out: Path) -> str:
+    """A folder with the starting model: ``tiny`` is made once for the domain (its tokenizer learnt from the
+    domain's own texts, words as whole tokens), ``default`` is the embedded model."""
+    if config.model in (None, "default"):
+        from ..policy.default_model import ensure_default_model
+
+        return str(ensure_default_model())
+    if config.model != "tiny":
+        return config.model
+    from ..training.sft import tiny_start_model
+
+    return str(tiny_start_model(domain, out / "initial_model"))
 
 
-def _mean_spread(values: list[float]) -> str:
-    known = [v for v in values if v == v]  # drop NaN (a figure an older record did not store)
+def _token_budget(domain: Any, model: str, num_tasks: int) -> int:
+    """The longest reference Act turn or rehearsed result of the first training tasks, in the model's own
+    tokens (end token included), plus a quarter: a correct turn is never cut."""
+    from transformers import AutoTokenizer
+
+    from ..training.sft import sft_rows
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = sft_rows(domain, tokenizer, domain.tasks("train")[: min(num_tasks, len(domain.tasks("train")))])
+    longest = max(sum(r["completion_mask"]) for r in rows)
+    return longest + max(8, longest // 4)
+
+
+def _sft_stage(config: ExperimentConfig, domain: Any, start: str, stage: Path, seed: int, log: Any) -> dict[str, Any]:
+    from ..training.sft import sft_steps
+
+    log(f"[seed {seed}] sft: {config.sft_steps} steps on {config.sft_tasks} tasks' references ...")
+    started = time.perf_counter()
+    history = sft_steps(
+        start, domain, stage / "final", tasks=config.sft_tasks, steps=config.sft_steps,
+        batch_size=config.sft_batch_size, learning_rate=config.sft_learning_rate, seed=seed,
+        train_layers=config.train_layers, checkpoint=stage / "checkpoint.pt",
+    )  # fmt: skip
+    return {"train_seconds": time.perf_counter() - started, "sft_loss": history[-1]["loss"], "curve": [],
+            "real_tool_executions": 0, "trained_on": "reference trajectories (SFT)"}  # fmt: skip
+
+
+def _rl_stage(
+    config: ExperimentConfig, domain: Any, sft: Path, stage: Path, seed: int, condition: str, budget: int, log: Any
+) -> dict[str, Any]:
+    from ..training.trainer import TrainerConfig, train
+
+    if not (sft / "final" / "config.json").is_file():
+        raise FileNotFoundError(f"{condition} starts from the SFT model of seed {seed}: run the 'sft' condition first")
+    settings = RL_CONDITIONS[condition]
+    trainer = TrainerConfig(
+        domain=domain, on_invalid=config.on_invalid, reward=config.reward, tasks_per_step=config.tasks_per_step,
+        group_size=config.group_size, max_new_tokens=budget, temperature=config.temperature, steps=config.rl_steps,
+        learning_rate=config.rl_learning_rate, seed=seed, dtype="float32", **settings,
+    )  # fmt: skip
+    policy = _load(str(sft / "final"), config.train_layers)
+    simulator = _load(str(sft / "final"), None) if settings.get("frozen_simulator") else None
+    curve_file = stage / "curve.json"
+    curve: list[dict[str, Any]] = json.loads(curve_file.read_text()) if curve_file.is_file() else []
+    if not curve:  # step 0: the SFT model itself, evaluated like every later point
+        curve.append({"step": 0, **_evaluate(config, domain, policy, budget, fidelity=False)})
+
+    def evaluate_now(step: int) -> None:
+        curve[:] = [p for p in curve if p["step"] != step]  # a resumed run re-evaluates the step it redid
+        curve.append({"step": step, **_evaluate(config, domain, policy, budget, fidelity=step == config.rl_steps)})
+        curve_file.write_text(json.dumps(curve, indent=2))
+        log(f"[seed {seed}] {condition}: step {step}: success {curve[-1]['success']:.3f} greedy, "
+            f"{curve[-1]['success_sampled']:.3f} sampled")  # fmt: skip
+
+    log(f"[seed {seed}] {condition}: {config.rl_steps} steps of {config.tasks_per_step} tasks x {config.group_size} ...")
+    history = train(
+        policy, trainer, checkpoint=stage / "checkpoint.pt", checkpoint_every=config.eval_every,
+        on_checkpoint=evaluate_now, simulator=simulator,
+    )  # fmt: skip
+    policy.model.save_pretrained(stage / "final")
+    policy.tokenizer.save_pretrained(stage / "final")
+    (stage / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    final = next(p for p in curve if p["step"] == config.rl_steps)
+    return {
+        **final,
+        "curve": curve,
+        "train_seconds": sum(h["seconds"] for h in history),  # rollouts and updates, evaluations left out
+        "real_tool_executions": sum(h["real_tool_calls"] for h in history),
+        "zero_std_groups": sum(h["zero_std_groups"] for h in history),
+        "trained_on": f"reward={config.reward}, executor={settings['executor']}",
+    }
+
+
+def _load(path: str, train_layers: int | None) -> Any:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..policy.transformers import TransformersPolicy
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    if train_layers is not None:
+        layers = model.get_decoder().layers
+        model.requires_grad_(False)
+        for layer in layers[len(layers) - train_layers :]:
+            layer.requires_grad_(True)
+    return TransformersPolicy(model, AutoTokenizer.from_pretrained(path))
+
+
+def _evaluate(
+    config: ExperimentConfig, domain: Any, model: Any, budget: int, fidelity: bool = True
+) -> dict[str, Any]:
+    """Held-out success with real tools, greedy and sampled; rehearsal fidelity (greedy pass) when asked."""
+    from ..evaluation.evaluate import evaluate
+
+    policy = _load(model, None) if isinstance(model, str) else model
+    started = time.perf_counter()
+    greedy = evaluate(policy, domain, "test", config.eval_tasks, max_new_tokens=budget, fidelity=fidelity)
+    sampled = evaluate(
+        policy, domain, "test", config.eval_tasks, max_new_tokens=budget, temperature=config.eval_temperature,
+        top_p=config.eval_top_p, seed=config.eval_seed, fidelity=False,
+    )  # fmt: skip
+    return {
+        "success": greedy.success_rate,
+        "mean_reward": greedy.mean_reward,
+        "success_sampled": sampled.success_rate,
+        "mean_reward_sampled": sampled.mean_reward,
+        "valid_real_calls_per_episode": greedy.real_calls / max(1, greedy.episodes),
+        "rehearsal_parses": greedy.parsed,
+        "rehearsal_equal_to_reference_result": greedy.equal_to_real,
+        "eval_episodes": greedy.episodes,
+        "eval_seconds": time.perf_counter() - started,
+    }
+
+
+# -- the report -------------------------------------------------------------------------------------------
+def _mean_std_range(values: list[float]) -> str:
+    known = [v for v in values if v == v]  # NaN: a figure not measured
     if not known:
         return "n/a"
     mean = sum(known) / len(known)
-    spread = (max(known) - min(known)) / 2
-    return f"{mean:.3f} ± {spread:.3f}" + (
-        f" ({len(known)} of {len(values)} seeds)" if len(known) < len(values) else ""
-    )
+    std = (sum((v - mean) ** 2 for v in known) / max(1, len(known) - 1)) ** 0.5 if len(known) > 1 else 0.0
+    return f"{mean:.3f} ± {std:.3f} (±{(max(known) - min(known)) / 2:.3f})"
 
 
-def format_results(config: ExperimentConfig, results: dict[str, dict[int, dict[str, Any]]]) -> str:
-    """Markdown: the command, the settings, and one row per condition (mean ± half-range over seeds)."""
-    command = "envace experiment " + " ".join(
-        f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in asdict(config).items()
-        if v is not None
-    )
+def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[str, Any]]], budget: int) -> str:
+    """Markdown: the command, the settings, one row per condition (mean ± std over seeds, then half the range)."""
     lines = [
-        "# Learning results",
-        "",
         "Generated by `envace experiment`; regenerate with:",
         "",
         "```bash",
-        shlex.join(command.split()) if len(command) < 10_000 else command,
+        command_line(config),
         "```",
         "",
-        f"Machine: {platform.machine()}, Python {sys.version.split()[0]}. Domain `{config.domain}`, held-out test tasks "
-        f"({config.eval_tasks}), real execution, greedy decoding. Seeds: {config.seeds}. Spread: half the range over seeds.",
+        f"Domain `{config.domain}`, {config.eval_tasks} held-out test tasks, real execution; greedy and sampled "
+        f"(T {config.eval_temperature}, top-p {config.eval_top_p}, seed {config.eval_seed}). Seeds {config.seeds}; "
+        f"each cell: mean ± standard deviation over seeds (± half the range). RL: {config.rl_steps} steps of "
+        f"{config.tasks_per_step} tasks × G={config.group_size}, reward `{config.reward}`, on_invalid "
+        f"`{config.on_invalid}`, {budget} new tokens per generation.",
         "",
-        "| condition | success rate | mean reward | valid real calls per episode | rehearsal parses "
-        "| rehearsal equal to real | train time (s) | eval time (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| condition | success (greedy) | success (sampled) | mean reward (greedy) | valid real calls / episode "
+        "| rehearsal equal to reference result | real tool executions in training | train s | eval s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for condition, by_seed in results.items():
+    for condition, by_seed in records.items():
         rows = list(by_seed.values())
         if not rows:
             continue
+        col = lambda key: _mean_std_range([float(r.get(key, float("nan"))) for r in rows])  # noqa: E731
+        executions = sorted({int(r.get("real_tool_executions", 0)) for r in rows})
         lines.append(
-            f"| {condition} | {_mean_spread([r['success_rate'] for r in rows])} | {_mean_spread([r['mean_reward'] for r in rows])} "
-            f"| {_mean_spread([r.get('real_calls', float('nan')) / max(1, r['episodes']) for r in rows])} "
-            f"| {_mean_spread([r['parsed'] for r in rows])} | {_mean_spread([r['equal_to_real'] for r in rows])} "
-            f"| {_mean_spread([r['train_seconds'] for r in rows])} | {_mean_spread([r['eval_seconds'] for r in rows])} |"
+            f"| {condition} | {col('success')} | {col('success_sampled')} | {col('mean_reward')} "
+            f"| {col('valid_real_calls_per_episode')} | {col('rehearsal_equal_to_reference_result')} "
+            f"| {'/'.join(map(str, executions))} | {col('train_seconds')} | {col('eval_seconds')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def plot_learning_curves(records: dict[str, dict[int, dict[str, Any]]], path: Path, title: str) -> str | None:
+    """Held-out success (greedy and sampled) against RL step: a thin line per seed, a thick mean per condition."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    curves = {c: [r["curve"] for r in by_seed.values() if r.get("curve")] for c, by_seed in records.items()}
+    curves = {c: v for c, v in curves.items() if v}
+    if not curves:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained", sharey=True)
+    for ax, key, label in zip(axes, ("success", "success_sampled"), ("greedy", "sampled"), strict=True):
+        for k, (condition, runs) in enumerate(sorted(curves.items())):
+            color = f"C{k}"
+            for run in runs:
+                ax.plot([p["step"] for p in run], [p[key] for p in run], color=color, lw=0.7, alpha=0.45)
+            steps = sorted({p["step"] for run in runs for p in run})
+            mean = [
+                sum(p[key] for run in runs for p in run if p["step"] == s)
+                / max(1, sum(1 for run in runs for p in run if p["step"] == s))
+                for s in steps
+            ]
+            ax.plot(steps, mean, color=color, lw=2.5, label=f"{condition} ({len(runs)} seeds)")
+        ax.set_title(f"held-out success, {label}")
+        ax.set_xlabel("RL step (0: the SFT model)")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("success rate (real execution)")
+    axes[1].legend(fontsize=8, loc="best")
+    fig.suptitle(f"Learning on {title}")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

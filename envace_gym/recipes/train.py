@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..domains.registry import make_domain
-from ..episode.types import REHEARSAL_MODES
+from ..episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
 from ..policy.precision import DTYPES, resolve_dtype
 from ..training.memory import return_freed_memory
 from ..training.options import lora_config, use_cpu
@@ -77,6 +77,23 @@ class TrainConfig:
     )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
     max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+    on_invalid: str | None = field(
+        default=None,
+        metadata={
+            "help": "A malformed call or a failed rehearsal ends the episode at reward 0 (terminate, the paper's) or "
+            "comes back as the tool's error (feedback). Default: terminate for rehearsal; real-tools answers every "
+            "schema error as the tool's response (TRL's tool loop), so feedback is all it takes.",
+            "choices": ON_INVALID,
+        },
+    )
+    reward: str = field(
+        default="domain",
+        metadata={
+            "help": "What episodes are scored with: the domain's score (domain; bank's replays the calls into the real "
+            "tools) or the task's reference calls and answer facts, with no tool run (reference).",
+            "choices": REWARDS,
+        },
+    )
 
     # Parameters that control the training
     steps: int | None = field(
@@ -87,6 +104,11 @@ class TrainConfig:
         },
     )
     learning_rate: float = field(default=1e-5, metadata={"help": "Learning rate."})
+    lr_scheduler_type: str = field(
+        default="linear",
+        metadata={"help": "transformers' schedule: linear (to 0 at the last step), constant, constant_with_warmup, ..."},
+    )
+    warmup_ratio: float = field(default=0.0, metadata={"help": "Share of the steps spent warming the rate up."})
     beta: float = field(
         default=0.0, metadata={"help": "KL coefficient against the starting model (the paper: 1e-4 or 0)."}
     )
@@ -147,6 +169,17 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
+        if self.on_invalid is None:
+            self.on_invalid = "feedback" if self.mode == "real-tools" else "terminate"
+        if self.on_invalid not in ON_INVALID:
+            raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
+        if self.mode == "real-tools" and self.on_invalid == "terminate":
+            raise ValueError(
+                "mode real-tools answers a schema error as the tool's response (TRL's tool loop cannot end the episode "
+                "there): use on_invalid='feedback', and the same for the rehearsal runs it is compared with"
+            )
         if self.mode != "sft":
             _episodes_per_process(self)  # refused here, so the CLI says it in one line before anything loads
 
@@ -240,6 +273,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     common = dict(
         output_dir=str(out),
         learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler_type,
+        warmup_ratio=config.warmup_ratio,
         logging_steps=config.logging_steps,
         save_strategy="steps",
         save_steps=config.save_steps,
@@ -295,7 +330,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         )
         if config.mode == "rehearsal":
             args = EnvACEGRPOConfig(
-                domain=config.domain, rehearsal_mode=config.rehearsal_mode, max_turns=config.max_turns, **grpo
+                domain=config.domain, rehearsal_mode=config.rehearsal_mode, max_turns=config.max_turns,
+                on_invalid=config.on_invalid, reward=config.reward, **grpo,
             )
             trainer = EnvACEGRPOTrainer(
                 model=_load_model(path, config.train_layers),
@@ -307,7 +343,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             args = PackedGRPOConfig(**grpo)
             trainer = RealToolsGRPOTrainer(
                 model=_load_model(path, config.train_layers),
-                reward_funcs=[real_tools_reward(domain)],
+                reward_funcs=[real_tools_reward(domain, config.reward)],
                 args=args,
                 train_dataset=task_dataset(domain, conversational=True),
                 processing_class=tokenizer,

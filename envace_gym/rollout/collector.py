@@ -107,9 +107,11 @@ def collect_rollouts(
     max_user_turns: int = MAX_USER_TURNS,
     limits: Limits = DEFAULT_LIMITS,
     tool_call_format: str | None = None,
+    reward: str = "domain",
     seed: int = 0,
     reuse_kv: bool = True,
     actor: Actor | None = None,
+    simulator: Policy | None = None,
     progress: Progress = False,
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
@@ -121,6 +123,8 @@ def collect_rollouts(
         group_size: Episodes per task (the G of GRPO).
         executor, rehearsal_mode, on_invalid, p_real, max_turns, max_user_turns, limits, tool_call_format: as
             for :class:`~envace_gym.RehearsalEnv`.
+        reward: ``"domain"`` (the domain's score) or ``"reference"`` (the task's reference calls and answer
+            facts, no tool run: :func:`~envace_gym.domains.reward.score_reference`).
         act: ``"policy"`` (the policy writes the Act turns) or ``"reference"`` (each task's reference
             solution does, so only the Rehearse role is exercised: fidelity checks, demos, SFT data).
         act_sampling: Sampling of the Act turns (default: 512 new tokens, temperature 1).
@@ -129,6 +133,8 @@ def collect_rollouts(
         reuse_kv: Keep each conversation's KV cache between turns (:mod:`envace_gym.policy.sessions`).
         actor: Writes the Act turns instead of one batched policy call: ``actor(episodes, rng, session, keys)``
             returns one generation per live episode (e.g. :class:`~envace_gym.rollout.planner.RehearsalPlanner`).
+        simulator: Writes the rehearsals instead of ``policy`` (``separate`` mode): a frozen simulator, the
+            paper's ablation in which only the Act role learns.
         progress: ``True`` (or a label) shows a bar of finished episodes with the generation round; a callable
             is called as ``progress(done, total)`` each time an episode finishes (:mod:`envace_gym.progress`).
     """
@@ -136,6 +142,8 @@ def collect_rollouts(
         raise ValueError(f"act must be one of {ACT_SOURCES}, got {act!r}")
     if group_size < 1:
         raise ValueError(f"group_size must be at least 1, got {group_size}")
+    if simulator is not None and rehearsal_mode != "separate":
+        raise ValueError("a separate simulator rehearses in rehearsal_mode='separate' only (inline: the policy's own chat)")
     domain = make_domain(domain)
     act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
     config = EpisodeConfig.build(
@@ -148,6 +156,7 @@ def collect_rollouts(
         rehearsal=rehearsal,
         limits=limits,
         tool_call_format=tool_call_format,
+        reward=reward,
     )
     rng = np.random.default_rng(seed)
     resolved = [t if isinstance(t, Task) else domain.task(t) for t in tasks]
@@ -166,7 +175,7 @@ def collect_rollouts(
         for k in range(group_size)
     ]
     session = open_session(policy) if reuse_kv else None
-    driver = EpisodeDriver(policy, rng, session)
+    driver = EpisodeDriver(policy, rng, session, simulator)
     groups = [g for g in range(len(resolved)) for _ in range(group_size)]
     results: list[EpisodeResult | None] = [None] * len(episodes)
     live = list(range(len(episodes)))

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Hashable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -283,6 +285,7 @@ def run_sft(
         logging_steps=logging_steps,
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
+        save_total_limit=1,  # resuming needs the last checkpoint only; every one of them fills the disk
         report_to=report_to,
         use_cpu=cpu,
         bf16=bf16,
@@ -307,6 +310,91 @@ def run_sft(
     if lora:
         trainer.model = trainer.model.merge_and_unload()
     return trainer
+
+
+def sft_steps(
+    model_path: str | Path,
+    domain: str | Domain,
+    output_dir: str | Path,
+    *,
+    tasks: int = 200,
+    steps: int = 200,
+    batch_size: int = 8,
+    learning_rate: float = 1e-3,
+    seed: int = 0,
+    train_layers: int | None = None,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 50,
+    log: Any = None,
+) -> list[dict[str, float]]:
+    """SFT in plain torch, the loop :mod:`envace_gym.training.trainer` uses for RL: ``steps`` AdamW steps at a
+    constant rate, each on ``batch_size`` rows drawn (seeded) from the :func:`sft_rows` of the first ``tasks``
+    training tasks, loss = mean negative log-likelihood of the completion tokens (shared-prefix forward). The
+    model goes to ``output_dir``. With ``checkpoint`` (a file) the state is saved every ``checkpoint_every``
+    steps and a cut-off run resumes from it. Returns one ``{"step", "loss"}`` per step."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .packing import completion_logprobs
+
+    dom = make_domain(domain)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    if train_layers is not None:
+        model.requires_grad_(False)
+        for layer in model.get_decoder().layers[-train_layers:]:
+            layer.requires_grad_(True)
+    rows = sft_rows(dom, tokenizer, dom.tasks("train")[: min(tasks, len(dom.tasks("train")))])
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
+    rng = np.random.default_rng(seed)
+    history: list[dict[str, float]] = []
+    if checkpoint is not None and Path(checkpoint).is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        rng.bit_generator.state = state["rng"]
+        history = state["history"]
+    model.train()
+    for step in range(len(history), steps):
+        batch = [rows[int(i)] for i in rng.choice(len(rows), size=min(batch_size, len(rows)), replace=False)]
+        split = [r["completion_mask"].index(1) for r in batch]
+        logprobs = completion_logprobs(
+            model, [r["input_ids"][:k] for r, k in zip(batch, split, strict=True)],
+            [r["input_ids"][k:] for r, k in zip(batch, split, strict=True)],
+        )  # fmt: skip
+        loss = -torch.cat(logprobs).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        history.append({"step": step + 1, "loss": float(loss.detach())})
+        if log is not None:
+            log(history[-1])
+        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state,
+                     "history": history}  # fmt: skip
+            torch.save(state, f"{checkpoint}.tmp")
+            os.replace(f"{checkpoint}.tmp", checkpoint)  # a run killed mid-save keeps the previous checkpoint
+    model.eval()
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return history
+
+
+def tiny_start_model(domain: str | Domain, path: str | Path, *, seed: int = 0, vocab_size: int = 1000) -> Path:
+    """A from-scratch starting model for ``domain`` at ``path`` (made once): a 2-layer Llama (~0.4M parameters)
+    over a tiny tokenizer learnt from the domain's own prompts and references, words as whole tokens, so the
+    model can copy a room or a value by copying one token. What the package's learning test and the small
+    scale of ``envace experiment`` train."""
+    from ..policy.tiny import tiny_model, tiny_tokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        dom = make_domain(domain)
+        boot = tiny_tokenizer()
+        corpus = [boot.decode(r["input_ids"]) for r in sft_rows(dom, boot, dom.tasks("train")[:20])]
+        tokenizer = tiny_tokenizer(vocab_size, corpus=corpus, whole_words=True)
+        tiny_model(tokenizer, seed=seed, hidden_size=128, layers=2).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return path
 
 
 def _plan_line(rows: int, groups: Any, batch_size: int, epochs: float, max_steps: int, trainer: Any) -> str:

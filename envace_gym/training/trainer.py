@@ -20,9 +20,12 @@ For TRL's trainers see :mod:`envace_gym.integrations.trl`.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import InitVar, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +36,7 @@ from ..domains.registry import make_domain
 from ..policy.precision import autocast, resolve_dtype
 from ..policy.transformers import TransformersPolicy
 from ..rehearsal.prompt import rollout_sampling
-from ..rollout.collector import Sample, collect_rollouts
+from ..rollout.collector import RolloutBatch, Sample, collect_rollouts
 from .advantages import rolewise_advantages
 from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
 
@@ -51,6 +54,27 @@ class TrainerConfig:
     domain: str = field(default="bank", metadata={"help": "Domain to train on (name, folder or dataset file)."})
     rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (the paper's) or 'inline'."})
     executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls during training rollouts."})
+    on_invalid: str = field(
+        default="terminate",
+        metadata={
+            "help": "A malformed call or a failed rehearsal: 'terminate' (reward 0, the paper's) or 'feedback' (the "
+            "typed error is the tool's response and the episode goes on)."
+        },
+    )
+    reward: str = field(
+        default="domain",
+        metadata={
+            "help": "'domain' (the domain's score) or 'reference' (the task's reference calls and answer facts, "
+            "scored without running any tool: training with no executor at all)."
+        },
+    )
+    frozen_simulator: bool = field(
+        default=False,
+        metadata={
+            "help": "The paper's ablation: rehearsals by a frozen copy of the starting model, only Act rows trained "
+            "(separate mode); False: the policy rehearses and both roles train (EnvACE)."
+        },
+    )
     tasks_per_step: int = field(default=2, metadata={"help": "Tasks per batch (each gives one group)."})
     group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
     max_new_tokens: int = field(
@@ -75,6 +99,14 @@ class TrainerConfig:
         default=0.0, metadata={"help": "Coefficient of the low-variance KL (k3) penalty (the paper: 1e-4 or 0)."}
     )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    refill_zero_std: int = field(
+        default=0,
+        metadata={
+            "help": "DAPO-style dynamic sampling: up to this many extra rollout rounds per step replace the groups "
+            "whose episodes all earned the same reward (they carry no gradient), and such groups leave the "
+            "token-mean; 0: keep every group (the paper's). Either way zero_std_groups is logged."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seeds task draws and sampling."})
 
     # Parameters that control speed and memory
@@ -202,31 +234,68 @@ def grpo_loss(
 
 
 def train(
-    policy: TransformersPolicy, config: TrainerConfig, log: Callable[[dict[str, Any]], None] | None = None
+    policy: TransformersPolicy,
+    config: TrainerConfig,
+    log: Callable[[dict[str, Any]], None] | None = None,
+    *,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 0,
+    on_checkpoint: Callable[[int], None] | None = None,
+    simulator: TransformersPolicy | None = None,
 ) -> list[dict[str, Any]]:
-    """Train ``policy.model`` in place; returns one metrics dict per step (also passed to ``log``)."""
+    """Train ``policy.model`` in place; returns one metrics dict per step (also passed to ``log``).
+
+    ``checkpoint``: a file that holds the training state (weights, optimizer, random state, history) every
+    ``checkpoint_every`` steps and at the end; when it exists, training resumes from it. ``on_checkpoint(step)``
+    runs just before each save (an evaluation for a learning curve, say). ``simulator``: the frozen simulator of
+    ``config.frozen_simulator`` (default: a copy of the starting weights; pass it when resuming, since the
+    weights a resumed run starts from are no longer the starting ones).
+    """
     model, domain = policy.model, make_domain(config.domain)
     tasks = domain.tasks("train")
     rng = np.random.default_rng(config.seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     reference = copy.deepcopy(model).eval().requires_grad_(False) if config.beta > 0 else None
+    if config.frozen_simulator and simulator is None:  # rehearsals by the starting weights, never updated
+        simulator = TransformersPolicy(copy.deepcopy(model).eval().requires_grad_(False), policy.tokenizer)
+    if not config.frozen_simulator:
+        simulator = None
+    history: list[dict[str, Any]] = []
+    if checkpoint is not None and Path(checkpoint).is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        rng.bit_generator.state = state["rng"]
+        history = state["history"]
     sampling, rehearsal = rollout_sampling(config.max_new_tokens, config.temperature)
     # Rollouts sample in the dtype the loss recomputes in, so the recorded log-probs are the "old" ones.
     dtype = resolve_dtype(config.dtype, next(model.parameters()).device)
     actor = policy.with_compute_dtype(None if dtype == torch.float32 else dtype)
-    history = []
-    for step in range(config.steps):
+    for step in range(len(history), config.steps):
         started = time.perf_counter()
 
         # 1. Roll out: G episodes per task; the policy acts and rehearses with the same weights.
-        chosen = [tasks[int(i)] for i in rng.choice(len(tasks), size=config.tasks_per_step, replace=False)]
         model.eval()
-        batch = collect_rollouts(
-            actor, domain, chosen, config.group_size, executor=config.executor,
-            rehearsal_mode=config.rehearsal_mode, act_sampling=sampling, rehearsal=rehearsal,
-            max_turns=config.max_turns, seed=int(rng.integers(2**31)),
-        )  # fmt: skip
-        samples = [s for s in batch.samples() if any(s.mask)]
+
+        def roll_out(count: int) -> RolloutBatch:
+            chosen = [tasks[int(i)] for i in rng.choice(len(tasks), size=count, replace=False)]
+            return collect_rollouts(
+                actor, domain, chosen, config.group_size, executor=config.executor,
+                rehearsal_mode=config.rehearsal_mode, act_sampling=sampling, rehearsal=rehearsal,
+                on_invalid=config.on_invalid, max_turns=config.max_turns, reward=config.reward,
+                seed=int(rng.integers(2**31)), simulator=simulator,
+            )  # fmt: skip
+
+        batch = roll_out(config.tasks_per_step)
+        zero_std = _zero_std_groups(batch)
+        if config.refill_zero_std:  # DAPO: keep only groups with a reward spread, refill the rest
+            batch, rounds = _informative(batch), 0
+            while _groups(batch) < config.tasks_per_step and rounds < config.refill_zero_std:
+                rounds += 1
+                extra = roll_out(config.tasks_per_step - _groups(batch))
+                zero_std += _zero_std_groups(extra)
+                batch = _merge(batch, _informative(extra))
+        samples = [s for s in batch.samples() if any(s.mask) and not (simulator is not None and s.role == "rehearse")]
 
         # 2. Role-wise advantages: A = R - mean(R of the same role in the same group), no std division.
         advantages = rolewise_advantages(
@@ -251,10 +320,11 @@ def train(
         model.eval()
 
         rewards = [e.reward for e in batch.episodes if e.reward is not None]
+        real_calls = sum(c["route"] == "real" for e in batch.episodes for c in e.calls)
         metrics = {
             "step": step + 1,
             "reward": float(np.mean(rewards)) if rewards else float("nan"),
-            "success": batch.stats["success_rate"],
+            "success": float(np.mean([e.success for e in batch.episodes])) if batch.episodes else float("nan"),
             "loss": totals["loss"],
             "grad_norm": grad_norm,
             "clip_fraction": totals["clipped"] / max(trained_tokens, 1),
@@ -262,13 +332,58 @@ def train(
             "rows_act": sum(s.role == "act" for s in samples),
             "rows_rehearse": sum(s.role == "rehearse" for s in samples),
             "trained_tokens": trained_tokens,
-            "masked_episodes": batch.stats["masked_episodes"],  # their verifier (or judge) could not score them
+            "masked_episodes": sum(e.reward is None for e in batch.episodes),  # their verifier could not score them
+            "zero_std_groups": zero_std,  # groups whose episodes all earned the same reward: no gradient from them
+            "real_tool_calls": real_calls,  # calls the real executor answered (0 with executor="rehearsal")
             "seconds": time.perf_counter() - started,
         }
         history.append(metrics)
         if log is not None:
             log(metrics)
+        if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
+            if on_checkpoint is not None:
+                on_checkpoint(step + 1)
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state,
+                     "history": history}  # fmt: skip
+            torch.save(state, f"{checkpoint}.tmp")
+            os.replace(f"{checkpoint}.tmp", checkpoint)  # a run killed mid-save keeps the previous checkpoint
     return history
+
+
+def _reward_spread(batch: RolloutBatch) -> dict[int, bool]:
+    """Per group: do its scored episodes earn different rewards?"""
+    by_group: dict[int, set[float]] = {}
+    for e in batch.episodes:
+        if e.reward is not None:
+            by_group.setdefault(e.group, set()).add(round(e.reward, 9))
+    return {g: len(r) > 1 for g, r in by_group.items()}
+
+
+def _zero_std_groups(batch: RolloutBatch) -> int:
+    return sum(not spread for spread in _reward_spread(batch).values())
+
+
+def _groups(batch: RolloutBatch) -> int:
+    return len({e.group for e in batch.episodes})
+
+
+def _informative(batch: RolloutBatch) -> RolloutBatch:
+    """The episodes of the groups with a reward spread."""
+    spread = _reward_spread(batch)
+    return RolloutBatch([e for e in batch.episodes if spread.get(e.group, False)], dict(batch.stats))
+
+
+def _merge(a: RolloutBatch, b: RolloutBatch) -> RolloutBatch:
+    """``b``'s episodes after ``a``'s, renumbered so that groups and episode indices stay distinct."""
+    groups = {g: i for i, g in enumerate(sorted({e.group for e in a.episodes}))}
+    episodes = [dataclasses.replace(e, group=groups[e.group]) for e in a.episodes]
+    offset, index = len(groups), len(episodes)
+    for k, g in enumerate(sorted({e.group for e in b.episodes})):
+        groups_b = [e for e in b.episodes if e.group == g]
+        for e in groups_b:
+            episodes.append(dataclasses.replace(e, group=offset + k, index=index))
+            index += 1
+    return RolloutBatch(episodes, dict(a.stats))
 
 
 __all__ = ["TrainerConfig", "grpo_loss", "token_logprobs", "train"]

@@ -1,0 +1,184 @@
+"""What the learning study needs, each on its own: the executor-free reward, a frozen simulator, zero-variance
+groups, resumable training, the settings every condition shares, and the `lights` domain."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+import torch
+
+import envace_gym  # noqa: F401
+from envace_gym import make_domain
+from envace_gym.domains.reward import score_reference
+from envace_gym.domains.trajectory import Trajectory
+from envace_gym.recipes.experiment import ExperimentConfig, _token_budget, command_line
+from envace_gym.recipes.train import TrainConfig
+from envace_gym.rollout.collector import collect_rollouts
+from envace_gym.testing import ScriptedPolicy, tiny_policy
+from envace_gym.tools.executor import ToolExecutor
+from envace_gym.training.sft import sft_rows, sft_steps, tiny_start_model
+from envace_gym.training.trainer import TrainerConfig, train
+
+
+def reference_policy(domain, task, tokenizer=None):
+    """Acts the task's reference turn by turn and rehearses each call with its recorded result."""
+    turns = [t.text for t in task.reference]
+    results = [json.dumps(r) for t in task.reference for r in t.results]
+
+    def respond(prompt: str) -> str:
+        if "precise tool simulator" in prompt:
+            return f"{results.pop(0)}\n</execution_result>"
+        return turns.pop(0)
+
+    return ScriptedPolicy(respond, tokenizer)
+
+
+# -- the executor-free reward ------------------------------------------------------------------------------
+def test_reference_reward_runs_no_tool_and_agrees_with_the_domain_on_the_reference(monkeypatch):
+    bank = make_domain("bank")
+    task = bank.tasks("train")[3]
+    executed = []
+    original = ToolExecutor.execute
+    monkeypatch.setattr(ToolExecutor, "execute", lambda self, call: executed.append(call) or original(self, call))
+    batch = collect_rollouts(
+        reference_policy(bank, task), bank, [task], executor="rehearsal", reward="reference", on_invalid="feedback"
+    )
+    (episode,) = batch.episodes
+    assert executed == []  # nothing real ran: not the calls, not the reward
+    assert episode.reward == 1.0 and episode.success and set(episode.checks) == {"calls", "answer_numbers"}
+    # the same episode under bank's own reward: the ledger check replays the calls into the real tools
+    batch = collect_rollouts(
+        reference_policy(bank, task), bank, [task], executor="rehearsal", reward="domain", on_invalid="feedback"
+    )
+    assert executed and batch.episodes[0].reward == 1.0 and "state" in batch.episodes[0].checks
+
+
+def test_reference_reward_fails_a_wrong_call_and_a_missing_fact():
+    bank = make_domain("bank")
+    task = bank.tasks("train")[3]
+    nothing = score_reference(task, Trajectory(task, (), (), ("I cannot help.",)))
+    assert nothing.score == 0.0 and not nothing.success and nothing.checks["calls"] is False
+
+
+def test_reward_setting_is_checked():
+    from envace_gym.episode.types import EpisodeConfig
+
+    with pytest.raises(ValueError, match="reward must be one of"):
+        EpisodeConfig(reward="judge")
+
+
+# -- the frozen simulator ----------------------------------------------------------------------------------
+def test_frozen_simulator_rehearses_and_only_act_rows_train():
+    units = make_domain("units")
+    task = units.tasks("train")[0]
+    call = task.reference[0].text
+    acting = ScriptedPolicy([call, "It is 1.00."])
+    simulator = ScriptedPolicy(lambda prompt: '{"value": 1.0, "unit": "km"}\n</execution_result>')
+    batch = collect_rollouts(acting, units, [task], simulator=simulator, on_invalid="feedback")
+    assert len(simulator.prompts) == 1 and "precise tool simulator" in simulator.prompts[0]
+    assert all("precise tool simulator" not in p for p in acting.prompts)
+    with pytest.raises(ValueError, match="separate"):
+        collect_rollouts(acting, units, [task], simulator=simulator, rehearsal_mode="inline")
+    assert {s.role for s in batch.samples()} == {"act", "rehearse"}  # the trainer drops the rehearse rows
+
+
+def test_trainer_with_a_frozen_simulator_keeps_it_frozen_and_trains_act_rows_only():
+    policy = tiny_policy(seed=3)
+    simulator = tiny_policy(seed=3)
+    before = [p.detach().clone() for p in simulator.model.parameters()]
+    config = TrainerConfig(
+        domain="units", steps=1, tasks_per_step=1, group_size=2, max_new_tokens=8, frozen_simulator=True,
+        on_invalid="feedback",
+    )  # fmt: skip
+    (metrics,) = train(policy, config, simulator=simulator)
+    assert metrics["rows_rehearse"] == 0 and metrics["rows_act"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, simulator.model.parameters(), strict=True))
+
+
+# -- zero-variance groups, refill, resume --------------------------------------------------------------------
+def test_zero_variance_groups_are_counted_and_refilled():
+    policy = tiny_policy(seed=4)  # an untrained model: every episode earns 0, so every group has no spread
+    base = dict(domain="units", steps=1, tasks_per_step=2, group_size=2, max_new_tokens=6, on_invalid="feedback")
+    (plain,) = train(policy, TrainerConfig(**base))
+    assert plain["zero_std_groups"] == 2 and plain["trained_tokens"] > 0 and plain["loss"] == 0.0
+    (refilled,) = train(policy, TrainerConfig(**base, refill_zero_std=2))
+    assert refilled["zero_std_groups"] == 6  # 2 groups, then 2 rounds of 2 more, none with a spread
+    assert refilled["trained_tokens"] == 0 and refilled["rows_act"] == 0  # nothing informative was kept
+
+
+def test_training_resumes_from_its_checkpoint(tmp_path):
+    config = TrainerConfig(domain="units", steps=3, tasks_per_step=1, group_size=2, max_new_tokens=6, seed=5)
+    whole = tiny_policy(seed=6)
+    train(whole, config)
+    cut = tiny_policy(seed=6)
+    seen = []
+    train(cut, TrainerConfig(**{**config.__dict__, "steps": 2}), checkpoint=tmp_path / "state.pt", checkpoint_every=1,
+          on_checkpoint=seen.append)  # fmt: skip
+    resumed = tiny_policy(seed=6)
+    history = train(resumed, config, checkpoint=tmp_path / "state.pt", checkpoint_every=1)
+    assert seen == [1, 2] and [h["step"] for h in history] == [1, 2, 3]
+    for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_sft_steps_resume_where_they_stopped(tmp_path):
+    start = tiny_start_model("lights", tmp_path / "start")
+    common = dict(tasks=4, batch_size=2, learning_rate=1e-3, seed=0, checkpoint_every=1)
+    whole = sft_steps(start, "lights", tmp_path / "whole", steps=3, **common)
+    sft_steps(start, "lights", tmp_path / "cut", steps=2, checkpoint=tmp_path / "s.pt", **common)
+    resumed = sft_steps(start, "lights", tmp_path / "cut", steps=3, checkpoint=tmp_path / "s.pt", **common)
+    assert [h["step"] for h in resumed] == [1, 2, 3]
+    assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in whole], abs=1e-5)
+
+
+# -- settings every condition shares -----------------------------------------------------------------------
+def test_train_config_on_invalid_and_reward():
+    assert TrainConfig(mode="rehearsal").on_invalid == "terminate"
+    assert TrainConfig(mode="real-tools").on_invalid == "feedback"
+    with pytest.raises(ValueError, match="real-tools answers a schema error"):
+        TrainConfig(mode="real-tools", on_invalid="terminate")
+    with pytest.raises(ValueError, match="reward must be one of"):
+        TrainConfig(reward="state")
+    assert TrainConfig(lr_scheduler_type="constant").lr_scheduler_type == "constant"
+
+
+def test_experiment_defaults_write_under_the_output_folder_and_print_their_command(tmp_path):
+    config = ExperimentConfig(output_dir=str(tmp_path / "exp"))
+    assert config.results_path == tmp_path / "exp" / "results.md"
+    assert ExperimentConfig(results_file="docs/x.md").results_path.as_posix() == "docs/x.md"
+    assert command_line(config).startswith("envace experiment --domain lights --model tiny")
+    with pytest.raises(ValueError, match="unknown conditions"):
+        ExperimentConfig(conditions=["sft", "magic"])
+
+
+def test_token_budget_fits_every_reference_turn_and_result(tmp_path):
+    start = tiny_start_model("lights", tmp_path / "start")
+    from transformers import AutoTokenizer
+
+    rows = sft_rows("lights", AutoTokenizer.from_pretrained(start), make_domain("lights").tasks("train")[:10])
+    budget = _token_budget(make_domain("lights"), str(start), 10)
+    assert budget >= max(sum(r["completion_mask"]) for r in rows) + 8
+
+
+# -- the lights domain --------------------------------------------------------------------------------------
+def test_lights_domain_plays_and_holds_out_pairs():
+    from gymnasium.utils.env_checker import check_env
+
+    lights = make_domain("lights")
+    train_pairs = {(t.expected["calls"][0]["arguments"]["room"], t.expected["calls"][0]["arguments"]["color"])
+                   for t in lights.tasks("train")[:300]}  # fmt: skip
+    test_pairs = {(t.expected["calls"][0]["arguments"]["room"], t.expected["calls"][0]["arguments"]["color"])
+                  for t in lights.tasks("test")[:100]}  # fmt: skip
+    assert test_pairs and not test_pairs & train_pairs
+    env = gym.make("EnvACE-Rehearsal-v0", domain="lights", policy=tiny_policy(), executor="real")
+    check_env(env.unwrapped, skip_render_check=True)
+    task = lights.tasks("test")[0]
+    env.reset(seed=0, options={"task": task})
+    _, _, _, _, info = env.step(task.reference[0].text)
+    assert info["calls"][0]["result"]["lamp_id"] == task.expected["answer_contains"][0]
+    _, reward, terminated, _, info = env.step(task.reference[1].text)
+    assert terminated and reward == 1.0 and info["success"]
+    with pytest.raises(ValueError, match="rooms must be in"):
+        type(lights)(rooms=9)
