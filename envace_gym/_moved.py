@@ -1,25 +1,17 @@
-"""The spellings of 0.1 that 0.2 renamed, kept working for one release, each with a DeprecationWarning.
-
-* **Module paths**: ``import envace_gym.formats`` gives ``envace_gym.parsing.formats`` itself (the same module
-  object, so ``monkeypatch`` and ``isinstance`` see one module). The old paths whose name is now a subpackage
-  (``tools``, ``parsing``, ``domains``, ``policy``, ``episode``, ``env``, ``rollout``, ``cli``) need no alias:
-  the subpackage re-exports what the module held.
-* **Settings fields** (``TrainerConfig(kl_coef=...)`` is now ``beta``): the old name stays a keyword, an
-  ``InitVar`` defaulting to :data:`UNSET` (in a TRL config, a field defaulting to ``None``, as transformers
-  keeps its own deprecated aliases), which :func:`renamed_fields` maps onto the new field.
+"""The module paths of 0.1 that 0.2 moved, kept working with a DeprecationWarning: ``import envace_gym.formats``
+gives ``envace_gym.parsing.formats`` itself (the same module object, so ``monkeypatch`` and ``isinstance`` see
+one module). The old paths whose name is now a subpackage (``tools``, ``parsing``, ``domains``, ``policy``,
+``episode``, ``env``, ``rollout``, ``cli``) need no alias: the subpackage re-exports what the module held.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.abc
 import importlib.machinery
 import sys
 import warnings
-from collections.abc import Mapping
 from types import ModuleType
-from typing import Any
 
 MOVED = {
     "envace_gym.advantages": "envace_gym.training.advantages",
@@ -78,34 +70,3 @@ def install() -> None:
         sys.meta_path.append(_MovedFinder())
 
 
-class _Unset:
-    """The default of a renamed keyword: "not given" (``None`` can be a value the caller means)."""
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET: Any = _Unset()
-
-
-def renamed_fields(config: Any, given: Mapping[str, Any], renames: Mapping[str, str]) -> None:
-    """Call from a dataclass's ``__post_init__``: each old field name in ``renames`` (old -> new) that the caller
-    gave (``given[old]`` is not :data:`UNSET`) sets the new field, with a DeprecationWarning. Giving both names
-    with different values (the new one away from its default) raises ``TypeError``."""
-    cls = type(config).__name__
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    for old, new in renames.items():
-        value = given[old]
-        if value is UNSET:
-            continue
-        warnings.warn(
-            f"{cls}({old}=...) is now {cls}({new}=...) in envace-gym 0.2; the old name goes in 0.3",
-            DeprecationWarning,
-            stacklevel=4,  # the caller of the dataclass's __init__ (here <- __post_init__ <- __init__ <- caller)
-        )
-        current = getattr(config, new)
-        if current != defaults[new] and current != value:
-            raise TypeError(
-                f"{cls} got {old}={value!r} and {new}={current!r}; {old} is the old name of {new}: give {new} only"
-            )
-        setattr(config, new, value)

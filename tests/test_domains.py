@@ -26,7 +26,7 @@ from envace_gym.domains import LazyTasks, Task, check_split
 from envace_gym.testing import ScriptedPolicy
 from envace_gym.tools import canonical_json
 
-BUILTIN = ("units", "bank", "travel")
+BUILTIN = ("units", "bank", "travel", "lights")
 
 
 def key(task) -> str:

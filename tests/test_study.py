@@ -182,3 +182,12 @@ def test_lights_domain_plays_and_holds_out_pairs():
     assert terminated and reward == 1.0 and info["success"]
     with pytest.raises(ValueError, match="rooms must be in"):
         type(lights)(rooms=9)
+
+
+def test_trainer_config_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="on_invalid must be one of"):
+        TrainerConfig(on_invalid="ignore")
+    with pytest.raises(ValueError, match="frozen_simulator rehearses"):
+        TrainerConfig(frozen_simulator=True, rehearsal_mode="inline")
+    with pytest.raises(ValueError, match="frozen_simulator rehearses"):
+        TrainerConfig(frozen_simulator=True, executor="real")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from envace_gym.cli import main
 
@@ -123,18 +124,32 @@ def test_eval_and_experiment_commands(tiny_path, tmp_path, capsys):
     assert result["episodes"] == 2 and 0.0 <= result["success_rate"] <= 1.0 and result["rehearsals"] >= 1
     results = tmp_path / "results.md"
     argv = [
-        "experiment", "--model", tiny_path, "--domain", "units", "--output_dir", str(tmp_path / "exp"), "--seeds", "0", "1",
-        "--conditions", "base", "sft", "sft+envace-separate", "--sft_tasks", "2", "--sft_epochs", "1", "--rl_steps", "1",
-        "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "8", "--eval_tasks", "2", "--results_file", str(results),
+        "experiment", "--domain", "lights", "--output_dir", str(tmp_path / "exp"), "--seeds", "1",
+        "--conditions", "sft", "sft+grpo-real-tools", "sft+envace-separate", "--sft_tasks", "4",
+        "--sft_steps", "2", "--rl_steps", "2", "--eval_every", "1", "--tasks_per_step", "1", "--group_size", "2",
+        "--eval_tasks", "2", "--results_file", str(results),
     ]  # fmt: skip
     assert main(argv) == 0
     table = results.read_text()
-    assert "| sft+envace-separate |" in table and "envace experiment" in table
+    assert "| sft+envace-separate |" in table and "envace experiment --domain lights" in table
+    summary = json.loads((tmp_path / "exp" / "experiment.json").read_text())
+    records = {(r["condition"], r["seed"]): r for r in summary["records"]}
+    assert len(records) == 3 and summary["command"].startswith("envace experiment")
+    envace = records[("sft+envace-separate", 1)]
+    assert envace["real_tool_executions"] == 0 and [p["step"] for p in envace["curve"]] == [0, 1, 2]
+    assert records[("sft", 1)]["train_seconds"] > 0 and (tmp_path / "curve-lights.png").is_file()
     assert main(argv) == 0  # resumes: every stage is already done
     assert "done before, skipped" in capsys.readouterr().out
     assert results.read_text() == table  # same figures, training times included, from what the stages stored
-    sft_row = next(line for line in table.splitlines() if line.startswith("| sft |"))
-    assert not sft_row.split("|")[7].strip().startswith("0.000")  # SFT's training time, not zero
+    # An RL stage cut off after its first checkpoint goes on from it, not from step 0.
+    stage = tmp_path / "exp" / "seed-1" / "sft+envace-separate"
+    (stage / "record.json").unlink()
+    state = torch.load(stage / "checkpoint.pt", weights_only=False)
+    state["history"] = state["history"][:1]
+    torch.save(state, stage / "checkpoint.pt")
+    assert main(argv) == 0
+    assert "[seed 1] sft+envace-separate: step 2:" in capsys.readouterr().out
+    assert len(json.loads((stage / "metrics.jsonl").read_text().splitlines()[-1])) > 0
 
 
 @pytest.mark.skipif(

@@ -93,26 +93,6 @@ def test_dual_clip_bounds_negative_advantages():
     assert loss.item() > 100
 
 
-@pytest.mark.parametrize(
-    ("old", "new", "value"),
-    [("clip_eps", "epsilon", 0.3), ("dual_clip", "delta", None), ("kl_coef", "beta", 0.1),
-     ("packing", "shared_prefix", False), ("micro_batch_tokens", "pack_tokens", 512)],
-)  # fmt: skip
-def test_trainer_config_takes_its_01_names_with_a_warning(old, new, value):
-    with pytest.warns(DeprecationWarning, match=rf"TrainerConfig\({old}=\.\.\.\) is now TrainerConfig\({new}=") as seen:
-        config = TrainerConfig(**{old: value})
-    assert seen[0].filename == __file__  # the warning points at the caller
-    assert getattr(config, new) == value
-    with pytest.warns(DeprecationWarning):
-        assert getattr(TrainerConfig(**{old: value, new: value}), new) == value  # the same value twice is fine
-    # The new name given away from its default, and disagreeing: refused. (shared_prefix has only one value
-    # away from its default, the one given by the old name, so it cannot disagree.)
-    other = {"epsilon": 0.1, "delta": 2.0, "beta": 0.5, "pack_tokens": 64}.get(new)
-    if other is not None:
-        with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match=f"{old} is the old name of {new}: give"):
-            TrainerConfig(**{old: value, new: other})
-
-
 def test_trainer_config_new_names_warn_nothing():
     import warnings
 
@@ -141,19 +121,6 @@ def test_every_training_setting_has_a_help():
     shared = {f.name for f in fields(TrainerConfig)} & {f.name for f in fields(envace_trl.EnvACEGRPOConfig)}
     assert {"epsilon", "delta", "beta", "executor", "shared_prefix", "pack_tokens"} <= shared
     assert "group_size" not in shared  # EnvACEGRPOConfig keeps TRL's num_generations
-
-
-def test_envace_grpo_config_takes_rollout_executor_with_a_warning(tmp_path):
-    common = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, **CPU)
-    with pytest.warns(DeprecationWarning, match=r"rollout_executor=\.\.\.\) is now EnvACEGRPOConfig\(executor="):
-        args = envace_trl.EnvACEGRPOConfig(rollout_executor="cached", **common)
-    assert args.executor == "cached" and args.rollout_executor is None  # mapped once
-    assert envace_trl.EnvACEGRPOConfig(executor="cached", **common).executor == "cached"
-    with (
-        pytest.warns(DeprecationWarning),
-        pytest.raises(TypeError, match="rollout_executor is the old name of executor"),
-    ):
-        envace_trl.EnvACEGRPOConfig(rollout_executor="cached", executor="real", **common)
 
 
 def test_rollout_sampling_gives_both_roles_the_same_budget_and_temperature():

@@ -36,7 +36,6 @@ from accelerate.utils import gather, gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad, use_adapter
 
-from .._moved import UNSET, renamed_fields
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..domains.reward import score_reference
@@ -346,8 +345,7 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
     TRL's names stay TRL's: ``num_generations`` is G (``group_size`` in the package's own settings) and
     ``max_completion_length`` the budget of each generation (``max_new_tokens``).
     ``per_device_train_batch_size`` counts episodes (tasks x ``num_generations``); the number of training rows
-    each batch yields varies with the episodes. ``rollout_executor`` (0.1's name of ``executor``) is still
-    accepted, with a DeprecationWarning, until 0.3.
+    each batch yields varies with the episodes.
     """
 
     # Parameters that control the rollouts
@@ -372,16 +370,6 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
             "it by the importance ratio, which changes the KL gradient even on-policy."
         },
     )
-
-    # The 0.1 name, until 0.3: a field (not an InitVar), as transformers keeps its deprecated aliases, so that
-    # subclasses and TrlParser flags (--rollout_executor) keep working too
-    rollout_executor: str | None = field(default=None, metadata={"help": "Deprecated alias of executor."})
-
-    def __post_init__(self) -> None:
-        given = UNSET if self.rollout_executor is None else self.rollout_executor
-        renamed_fields(self, {"rollout_executor": given}, {"rollout_executor": "executor"})
-        self.rollout_executor = None  # said once: a copy of these settings does not warn again
-        super().__post_init__()
 
 
 class EnvACEGRPOTrainer(BaseModelCardMixin, SharedPrefixMixin, GRPOTrainer):

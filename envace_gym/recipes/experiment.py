@@ -223,10 +223,16 @@ def _sft_stage(config: ExperimentConfig, domain: Any, start: str, stage: Path, s
 
     log(f"[seed {seed}] sft: {config.sft_steps} steps on {config.sft_tasks} tasks' references ...")
     started = time.perf_counter()
+
+    def progress(h: dict[str, float]) -> None:
+        if h["step"] % 10 == 0 or h["step"] == config.sft_steps:
+            log(f"[seed {seed}] sft: step {h['step']}/{config.sft_steps}, loss {h['loss']:.3f}")
+
     history = sft_steps(
         start, domain, stage / "final", tasks=config.sft_tasks, steps=config.sft_steps,
         batch_size=config.sft_batch_size, learning_rate=config.sft_learning_rate, seed=seed,
         train_layers=config.train_layers, checkpoint=stage / "checkpoint.pt",
+        log=progress,
     )  # fmt: skip
     return {"train_seconds": time.perf_counter() - started, "sft_loss": history[-1]["loss"], "curve": [],
             "real_tool_executions": 0, "trained_on": "reference trajectories (SFT)"}  # fmt: skip
@@ -260,8 +266,12 @@ def _rl_stage(
             f"{curve[-1]['success_sampled']:.3f} sampled")  # fmt: skip
 
     log(f"[seed {seed}] {condition}: {config.rl_steps} steps of {config.tasks_per_step} tasks x {config.group_size} ...")
+    def progress(m: dict[str, Any]) -> None:
+        log(f"[seed {seed}] {condition}: step {m['step']}/{config.rl_steps}, reward {m['reward']:.3f}, success "
+            f"{m['success']:.3f}, zero-variance groups {m['zero_std_groups']}, {m['seconds']:.0f} s")  # fmt: skip
+
     history = train(
-        policy, trainer, checkpoint=stage / "checkpoint.pt", checkpoint_every=config.eval_every,
+        policy, trainer, progress, checkpoint=stage / "checkpoint.pt", checkpoint_every=config.eval_every,
         on_checkpoint=evaluate_now, simulator=simulator,
     )  # fmt: skip
     policy.model.save_pretrained(stage / "final")

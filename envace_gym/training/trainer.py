@@ -24,15 +24,16 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._moved import UNSET, renamed_fields
+from ..domains.domain import Domain
 from ..domains.registry import make_domain
+from ..episode.types import ON_INVALID, REWARDS
 from ..policy.precision import autocast, resolve_dtype
 from ..policy.transformers import TransformersPolicy
 from ..rehearsal.prompt import rollout_sampling
@@ -46,12 +47,13 @@ class TrainerConfig:
     """Settings of :func:`train`, grouped as in TRL's configs; every field has a ``help``.
 
     The objective's knobs have TRL's names (``epsilon``, ``delta``, ``beta``, as in ``GRPOConfig``); G is
-    ``group_size`` (TRL's ``num_generations``). The 0.1 names ``clip_eps``, ``dual_clip``, ``kl_coef``,
-    ``packing`` and ``micro_batch_tokens`` are still accepted as keywords, with a DeprecationWarning, until 0.3.
+    ``group_size`` (TRL's ``num_generations``).
     """
 
     # Parameters that control the rollouts
-    domain: str = field(default="bank", metadata={"help": "Domain to train on (name, folder or dataset file)."})
+    domain: str | Domain = field(
+        default="bank", metadata={"help": "Domain to train on (name, folder, dataset file or Domain object)."}
+    )
     rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (the paper's) or 'inline'."})
     executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls during training rollouts."})
     on_invalid: str = field(
@@ -124,26 +126,15 @@ class TrainerConfig:
         default="auto", metadata={"help": "Compute dtype: auto (bfloat16 where faster), float32 or bfloat16."}
     )
 
-    # The 0.1 names, accepted as keywords until 0.3 (DeprecationWarning)
-    clip_eps: InitVar[Any] = UNSET
-    dual_clip: InitVar[Any] = UNSET
-    kl_coef: InitVar[Any] = UNSET
-    packing: InitVar[Any] = UNSET
-    micro_batch_tokens: InitVar[Any] = UNSET
-
-    def __post_init__(self, clip_eps: Any, dual_clip: Any, kl_coef: Any, packing: Any, micro_batch_tokens: Any) -> None:
-        given = {"clip_eps": clip_eps, "dual_clip": dual_clip, "kl_coef": kl_coef, "packing": packing,
-                 "micro_batch_tokens": micro_batch_tokens}  # fmt: skip
-        renamed_fields(self, given, _RENAMED)
-
-
-_RENAMED = {
-    "clip_eps": "epsilon",
-    "dual_clip": "delta",
-    "kl_coef": "beta",
-    "packing": "shared_prefix",
-    "micro_batch_tokens": "pack_tokens",
-}  # TrainerConfig's 0.1 field names -> their names since 0.2
+    def __post_init__(self) -> None:
+        if self.on_invalid not in ON_INVALID:
+            raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
+        if self.frozen_simulator and (self.rehearsal_mode != "separate" or self.executor != "rehearsal"):
+            raise ValueError("frozen_simulator rehearses with executor='rehearsal' in rehearsal_mode='separate'")
+        if self.refill_zero_std < 0:
+            raise ValueError(f"refill_zero_std must be at least 0, got {self.refill_zero_std}")
 
 
 def token_logprobs(

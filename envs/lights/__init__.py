@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -13,8 +13,9 @@ from envace_gym.tools import ToolExecutor, ToolFailure, tool
 
 ROOMS = ("kitchen", "bedroom", "hall", "office", "garage", "attic", "porch", "studio")
 COLORS = ("red", "green", "blue", "white", "yellow", "orange", "purple", "pink")
-Room = Literal["kitchen", "bedroom", "hall", "office", "garage", "attic", "porch", "studio"]
-Color = Literal["red", "green", "blue", "white", "yellow", "orange", "purple", "pink"]
+
+# "lights:easy": two rooms, two colors, the answer names the color only (what a from-scratch model can learn).
+VARIANTS: dict[str | None, tuple[int, int, bool]] = {None: (len(ROOMS), len(COLORS), True), "easy": (2, 2, False)}
 
 _REQUESTS = (
     "Set the {room} lamp to {color}.",
@@ -32,12 +33,12 @@ class LightsTools(ToolExecutor):
         self.state.setdefault("colors", {})
 
     @tool
-    def set_lamp(self, room: Room, color: Color) -> dict:
+    def set_lamp(self, room: str, color: str) -> dict:
         """Set the color of the lamp in a room.
 
         Args:
-            room: The room whose lamp to set.
-            color: The new color.
+            room: The room whose lamp to set, as the user names it.
+            color: The new color, a plain color name.
 
         Returns:
             The lamp's id, its room and its new color.
@@ -45,6 +46,8 @@ class LightsTools(ToolExecutor):
         lamp = self.state["lamps"].get(room)
         if lamp is None:
             raise ToolFailure(f"there is no lamp in the {room}")
+        if color not in COLORS:
+            raise ToolFailure(f"the lamps cannot show {color!r}; they show {', '.join(COLORS)}")
         self.state["colors"][room] = color
         return {"lamp_id": lamp, "room": room, "color": color}
 
@@ -61,8 +64,10 @@ class LightsDomain(GeneratedDomain):
 
     ## Tools
 
-    ``set_lamp(room, color)`` with both arguments enums (8 rooms, 8 colors); it returns
-    ``{"lamp_id": "L-<nn>", "room": ..., "color": ...}``.
+    ``set_lamp(room, color)``, both strings (the schema lists no rooms or colors: which rooms exist is the
+    house's business, and the words the user said are the only ones in the prompt); it returns
+    ``{"lamp_id": "L-<nn>", "room": ..., "color": ...}``, or an error for a room without a lamp or a color the
+    lamps cannot show.
 
     ## Tasks
 
@@ -72,9 +77,10 @@ class LightsDomain(GeneratedDomain):
 
     ## Reward
 
-    Checklist, equal weights: ``calls`` (``set_lamp`` with the requested room and color was made) and
-    ``answer_contains`` (the final answer names the lamp id and the color). Scored without running any tool:
-    the expected values are recorded when the task is built.
+    Checklist: ``calls`` (``set_lamp`` with the requested room and color was made; weight 2) and
+    ``answer_contains`` (the final answer names the lamp id and the color; weight 1), so an answer written
+    without the call earns a third at most. Scored without running any tool: the expected values are recorded
+    when the task is built.
 
     ## Episode End
 
@@ -82,7 +88,10 @@ class LightsDomain(GeneratedDomain):
 
     ## Arguments
 
-    ``make_domain("lights", num_tasks={"train": 1000, "test": 200}, seed=0)``.
+    ``make_domain("lights", num_tasks={"train": 1000, "test": 200}, seed=0)``. ``make_domain("lights:easy")``
+    is the variant a from-scratch model is given: two rooms and two colors (held-out tasks then differ in
+    phrasing and lamp ids, not in the pair asked for) and an answer that names the color only. ``rooms``,
+    ``colors``, ``report_id`` and ``lamp_ids="fixed"`` (every house numbered alike) set the same by hand.
     """
 
     name = "lights"
@@ -93,6 +102,8 @@ class LightsDomain(GeneratedDomain):
 
     def __init__(
         self,
+        variant: str | None = None,
+        *,
         num_tasks: Mapping[str, int] | None = None,
         seed: int | None = None,
         rooms: int = len(ROOMS),
@@ -100,6 +111,11 @@ class LightsDomain(GeneratedDomain):
         lamp_ids: str = "per_task",
         report_id: bool = True,
     ) -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown lights variant {variant!r}; choose from {sorted(v for v in VARIANTS if v)}")
+        if variant is not None:
+            self.name = f"lights:{variant}"
+            rooms, colors, report_id = VARIANTS[variant]
         if not (1 <= rooms <= len(ROOMS) and 1 <= colors <= len(COLORS)):
             raise ValueError(f"rooms must be in 1..{len(ROOMS)} and colors in 1..{len(COLORS)}")
         if lamp_ids not in ("per_task", "fixed"):
@@ -141,5 +157,9 @@ class LightsDomain(GeneratedDomain):
             tools=("set_lamp",),
             reference=rec.turns,
             initial_state={"lamps": dict(params["lamps"]), "colors": {}},
-            expected={"calls": [call.to_json()], "answer_contains": [result["lamp_id"], color] if self.report_id else [color]},
+            expected={
+                "calls": [call.to_json()],
+                "answer_contains": [result["lamp_id"], color] if self.report_id else [color],
+                "weights": {"calls": 2.0, "answer_contains": 1.0},  # answering without the call earns little
+            },
         )
