@@ -191,3 +191,24 @@ def test_trainer_config_refuses_what_it_cannot_do():
         TrainerConfig(frozen_simulator=True, rehearsal_mode="inline")
     with pytest.raises(ValueError, match="frozen_simulator rehearses"):
         TrainerConfig(frozen_simulator=True, executor="real")
+
+
+def test_fidelity_tells_copying_from_simulation():
+    """A rehearser that can only copy a result shown in its prompt: perfect with its own result there, never
+    right once it is withheld."""
+    from envace_gym.evaluation import evaluate
+
+    def copier(prompt: str) -> str:
+        if "precise tool simulator" not in prompt:
+            return "I cannot tell."  # its Act turns: the evaluation's first pass
+        lines = prompt.splitlines()
+        last = max(i for i, x in enumerate(lines) if x.startswith("call: "))  # the call to simulate
+        target = lines[last].removesuffix("<|im_end|>")
+        for i in range(last):
+            if lines[i] == target and lines[i + 1] == "<execution_result>":  # a reference of the same call
+                return f"{lines[i + 2]}\n</execution_result>"
+        return '{"unknown": true}\n</execution_result>'
+
+    result = evaluate(ScriptedPolicy(copier), "units", "test", num_tasks=3)
+    assert result.rehearsals == 3
+    assert result.equal_to_real == 1.0 and result.parsed_withheld == 1.0 and result.equal_to_real_withheld == 0.0

@@ -172,7 +172,8 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"  rehearsals         {result.rehearsals} (of reference calls)")
             print(f"  parse              {result.parsed:.3f}")
             print(f"  returns schema ok  {result.schema_ok:.3f}")
-            print(f"  equal to real      {result.equal_to_real:.3f}")
+            print(f"  equal to real      {result.equal_to_real:.3f} (the call's own result in the prompt: copying)")
+            print(f"  ... own withheld   {result.equal_to_real_withheld:.3f} (simulation; parse {result.parsed_withheld:.3f})")
     else:
         print(
             f"\n{runs[0][1].domain} / {runs[0][1].split}, {runs[0][1].episodes} episodes, {runs[0][1].executor} execution, model {args.model or 'default'}"

@@ -9,12 +9,14 @@
   executor returns for the same call in the same state (without real tools: with the recorded reference
   result of that call). Reported: the share of rehearsals that parse
   (``<execution_result>`` with JSON), that pass the tool's ``returns`` schema, and that equal the real
-  response (canonical JSON).
+  response (canonical JSON). Those calls' own results sit in the rehearse prompt's references, so "equal"
+  there measures **copying**. A second pass withholds each call's own executions from its references
+  (``RehearsalConfig.withhold_own_result``): ``equal_to_real_withheld`` measures **simulation**.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..domains.domain import Domain
@@ -44,7 +46,9 @@ class EvalResult:
     rehearsals: int = 0
     parsed: float = float("nan")
     schema_ok: float = float("nan")
-    equal_to_real: float = float("nan")
+    equal_to_real: float = float("nan")  # the call's own result was in the prompt: copying
+    parsed_withheld: float = float("nan")
+    equal_to_real_withheld: float = float("nan")  # the call's own result withheld: simulation
     per_task: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,7 +90,7 @@ def evaluate(
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
     sampling, rehearsal = rollout_sampling(max_new_tokens, temperature, top_p)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
-    passes = 2 if fidelity and dom.executes_calls else 1
+    passes = 3 if fidelity and dom.executes_calls else 1
     executor = "real" if not tasks or dom.make_executor(tasks[0]) is not None else "cached"
     real = collect_rollouts(
         policy, dom, tasks, executor=executor, act_sampling=sampling, seed=seed, actor=actor,
@@ -110,10 +114,26 @@ def evaluate(
     )
     if not fidelity or not dom.executes_calls:  # no real responses to compare rehearsals with
         return result
+    rehearsals, result.parsed, result.schema_ok, result.equal_to_real = _fidelity(
+        policy, dom, tasks, rehearsal, seed, _pass_progress(progress, 1, passes, len(tasks), "rehearsal fidelity (reference acts)")
+    )
+    result.rehearsals = rehearsals
+    withheld = replace(rehearsal, withhold_own_result=True)
+    _, result.parsed_withheld, _, result.equal_to_real_withheld = _fidelity(
+        policy, dom, tasks, withheld, seed,
+        _pass_progress(progress, 2, passes, len(tasks), "rehearsal fidelity (own results withheld)"),
+    )  # fmt: skip
+    return result
+
+
+def _fidelity(
+    policy: Policy, dom: Domain, tasks: list[Any], rehearsal: Any, seed: int, progress: Progress
+) -> tuple[int, float, float, float]:
+    """Each task's reference acted while the policy rehearses every call: how many rehearsals, and the share
+    that parse, pass the ``returns`` schema and equal the real executor's answer (NaN when none)."""
     rehearsed = collect_rollouts(
-        policy, dom, tasks, executor="rehearsal", act="reference", on_invalid="feedback",
-        rehearsal=rehearsal, seed=seed,
-        progress=_pass_progress(progress, 1, passes, len(tasks), "rehearsal fidelity (reference acts)"),
+        policy, dom, tasks, executor="rehearsal", act="reference", on_invalid="feedback", rehearsal=rehearsal,
+        seed=seed, progress=progress,
     )  # fmt: skip
     total = parsed = schema_ok = equal = 0
     for task, episode in zip(tasks, rehearsed.episodes, strict=True):
@@ -131,7 +151,6 @@ def evaluate(
             parsed += check.parsed
             schema_ok += check.schema_ok
             equal += check.equal
-    if total:
-        result.rehearsals = total
-        result.parsed, result.schema_ok, result.equal_to_real = parsed / total, schema_ok / total, equal / total
-    return result
+    if not total:
+        return 0, float("nan"), float("nan"), float("nan")
+    return total, parsed / total, schema_ok / total, equal / total

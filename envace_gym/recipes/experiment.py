@@ -322,7 +322,8 @@ def _evaluate(
         "mean_reward_sampled": sampled.mean_reward,
         "valid_real_calls_per_episode": greedy.real_calls / max(1, greedy.episodes),
         "rehearsal_parses": greedy.parsed,
-        "rehearsal_equal_to_reference_result": greedy.equal_to_real,
+        "rehearsal_equal_copying": greedy.equal_to_real,  # the call's own result was in the prompt
+        "rehearsal_equal_withheld": greedy.equal_to_real_withheld,  # it was not: simulation
         "eval_episodes": greedy.episodes,
         "eval_seconds": time.perf_counter() - started,
     }
@@ -354,8 +355,9 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
         f"`{config.on_invalid}`, {budget} new tokens per generation.",
         "",
         "| condition | success (greedy) | success (sampled) | mean reward (greedy) | valid real calls / episode "
-        "| rehearsal equal to reference result | real tool executions in training | train s | eval s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| rehearsal = real, own result in prompt (copying) | rehearsal = real, own result withheld (simulation) "
+        "| real tool executions in training | train s | eval s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for condition, by_seed in records.items():
         rows = list(by_seed.values())
@@ -365,7 +367,7 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
         executions = sorted({int(r.get("real_tool_executions", 0)) for r in rows})
         lines.append(
             f"| {condition} | {col('success')} | {col('success_sampled')} | {col('mean_reward')} "
-            f"| {col('valid_real_calls_per_episode')} | {col('rehearsal_equal_to_reference_result')} "
+            f"| {col('valid_real_calls_per_episode')} | {col('rehearsal_equal_copying')} | {col('rehearsal_equal_withheld')} "
             f"| {'/'.join(map(str, executions))} | {col('train_seconds')} | {col('eval_seconds')} |"
         )
     return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
 from ..policy.protocol import SamplingParams
+from ..tools.canonical import call_key
 from ..tools.schema import ToolCall, ToolSchema
 
 REHEARSE_SYSTEM_PROMPT = """You are a precise tool simulator. An AI agent called a tool; you play the environment and write the exact response the real tool would return.
@@ -43,6 +44,8 @@ class RehearsalConfig:
         prefill: Start the answer with ``<execution_result>\\n`` in the prompt, so the model writes the
             JSON directly (no ``<think>``); a strong help for small models.
         include_reference: Show the task's reference executions (the paper's privileged context).
+        withhold_own_result: Leave out of those references every execution of the very call being rehearsed, so
+            its result cannot be copied: what fidelity measurements use to see simulation rather than recall.
         max_history_chars: Keep at most this many characters of the conversation (oldest dropped first).
         returns_resamples: Extra attempts when a result fails the tool's ``returns`` schema.
         stop_at_close: End the generation at ``</execution_result>`` (the contract allows nothing after it).
@@ -53,6 +56,7 @@ class RehearsalConfig:
     top_p: float = 1.0
     prefill: bool = True
     include_reference: bool = True
+    withhold_own_result: bool = False
     max_history_chars: int = 6000
     returns_resamples: int = 0
     stop_at_close: bool = True
@@ -105,6 +109,8 @@ def rehearsal_messages(
     ``history`` is the conversation before the agent's latest turn; ``act_text`` is that turn, raw.
     """
     parts = ["# Candidate tools", "\n".join(_dump(t.to_openai()["function"]) for t in candidates)]
+    if config.withhold_own_result:
+        reference = [(c, r) for c, r in reference if call_key(c) != call_key(call)]
     if config.include_reference and reference:
         parts.append("# Reference executions (ground truth for this task)")
         # Shown in the very format the answer must take, so following the pattern is the easy path.
