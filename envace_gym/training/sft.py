@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from ..rehearsal.prompt import RehearsalConfig
 from .model_card import BaseModelCardMixin
 from .options import lora_config, use_cpu
 from .packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
+from .state import load_state, save_state
 
 logger = logging.getLogger("envace_gym")
 
@@ -346,13 +346,7 @@ def sft_steps(
     rows = sft_rows(dom, tokenizer, dom.tasks("train")[: min(tasks, len(dom.tasks("train")))])
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
     rng = np.random.default_rng(seed)
-    history: list[dict[str, float]] = []
-    if checkpoint is not None and Path(checkpoint).is_file():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        rng.bit_generator.state = state["rng"]
-        history = state["history"]
+    history: list[dict[str, float]] = load_state(checkpoint, model, optimizer, rng)
     model.train()
     for step in range(len(history), steps):
         batch = [rows[int(i)] for i in rng.choice(len(rows), size=min(batch_size, len(rows)), replace=False)]
@@ -369,10 +363,7 @@ def sft_steps(
         if log is not None:
             log(history[-1])
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state,
-                     "history": history}  # fmt: skip
-            torch.save(state, f"{checkpoint}.tmp")
-            os.replace(f"{checkpoint}.tmp", checkpoint)  # a run killed mid-save keeps the previous checkpoint
+            save_state(checkpoint, model, optimizer, rng, history)
     model.eval()
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from ..rehearsal.prompt import rollout_sampling
 from ..rollout.collector import RolloutBatch, Sample, collect_rollouts
 from .advantages import rolewise_advantages
 from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
+from .state import load_state, save_state
 
 
 @dataclass
@@ -251,13 +251,7 @@ def train(
         simulator = TransformersPolicy(copy.deepcopy(model).eval().requires_grad_(False), policy.tokenizer)
     if not config.frozen_simulator:
         simulator = None
-    history: list[dict[str, Any]] = []
-    if checkpoint is not None and Path(checkpoint).is_file():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        rng.bit_generator.state = state["rng"]
-        history = state["history"]
+    history: list[dict[str, Any]] = load_state(checkpoint, model, optimizer, rng)
     sampling, rehearsal = rollout_sampling(config.max_new_tokens, config.temperature)
     # Rollouts sample in the dtype the loss recomputes in, so the recorded log-probs are the "old" ones.
     dtype = resolve_dtype(config.dtype, next(model.parameters()).device)
@@ -334,10 +328,7 @@ def train(
         if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
             if on_checkpoint is not None:
                 on_checkpoint(step + 1)
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state,
-                     "history": history}  # fmt: skip
-            torch.save(state, f"{checkpoint}.tmp")
-            os.replace(f"{checkpoint}.tmp", checkpoint)  # a run killed mid-save keeps the previous checkpoint
+            save_state(checkpoint, model, optimizer, rng, history)
     return history
 
 
