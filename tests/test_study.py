@@ -212,3 +212,20 @@ def test_fidelity_tells_copying_from_simulation():
     result = evaluate(ScriptedPolicy(copier), "units", "test", num_tasks=3)
     assert result.rehearsals == 3
     assert result.equal_to_real == 1.0 and result.parsed_withheld == 1.0 and result.equal_to_real_withheld == 0.0
+
+
+@pytest.mark.slow
+def test_experiment_runs_the_inline_and_frozen_simulator_conditions(tmp_path):
+    from envace_gym.recipes.experiment import run_experiment
+
+    config = ExperimentConfig(
+        domain="lights:easy", output_dir=str(tmp_path), seeds=[0], sft_tasks=4, sft_steps=2, rl_steps=1,
+        tasks_per_step=1, group_size=2, eval_tasks=1, eval_every=1, max_new_tokens=12,
+        conditions=["sft", "sft+envace-inline", "sft+envace-frozen-sim"],
+    )  # fmt: skip
+    records = run_experiment(config, log=lambda _: None)["records"]
+    inline, frozen = records["sft+envace-inline"][0], records["sft+envace-frozen-sim"][0]
+    assert inline["real_tool_executions"] == frozen["real_tool_executions"] == 0
+    metrics = [json.loads(line) for line in (tmp_path / "seed-0" / "sft+envace-frozen-sim" / "metrics.jsonl").open()]
+    assert metrics[0]["rows_rehearse"] == 0  # the frozen simulator's rows are not trained
+    assert records["sft"][0]["real_tool_executions"] > 0  # SFT's rows are laid out by replaying the references

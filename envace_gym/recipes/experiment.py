@@ -231,11 +231,13 @@ def _sft_stage(config: ExperimentConfig, domain: Any, start: str, stage: Path, s
     history = sft_steps(
         start, domain, stage / "final", tasks=config.sft_tasks, steps=config.sft_steps,
         batch_size=config.sft_batch_size, learning_rate=config.sft_learning_rate, seed=seed,
-        train_layers=config.train_layers, checkpoint=stage / "checkpoint.pt",
-        log=progress,
+        train_layers=config.train_layers, checkpoint=stage / "checkpoint.pt", log=progress,
     )  # fmt: skip
+    tasks = domain.tasks("train")[: min(config.sft_tasks, len(domain.tasks("train")))]
+    replayed = sum(len(turn.calls) for task in tasks for turn in task.reference)  # sft_rows lays rows out by replay
     return {"train_seconds": time.perf_counter() - started, "sft_loss": history[-1]["loss"], "curve": [],
-            "real_tool_executions": 0, "trained_on": "reference trajectories (SFT)"}  # fmt: skip
+            "real_tool_executions": replayed if domain.make_executor(tasks[0]) is not None else 0,
+            "trained_on": "reference trajectories (SFT; the reference calls replayed on the real tools)"}  # fmt: skip
 
 
 def _rl_stage(
