@@ -142,6 +142,8 @@ def test_train_config_on_invalid_and_reward():
     with pytest.raises(ValueError, match="reward must be one of"):
         TrainConfig(reward="state")
     assert TrainConfig(lr_scheduler_type="constant").lr_scheduler_type == "constant"
+    with pytest.raises(ValueError, match="mode sft plays none"):
+        TrainConfig(mode="sft", reward="reference")
 
 
 def test_experiment_defaults_write_under_the_output_folder_and_print_their_command(tmp_path):

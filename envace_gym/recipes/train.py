@@ -108,7 +108,10 @@ class TrainConfig:
         default="linear",
         metadata={"help": "transformers' schedule: linear (to 0 at the last step), constant, constant_with_warmup, ..."},
     )
-    warmup_ratio: float = field(default=0.0, metadata={"help": "Share of the steps spent warming the rate up."})
+    warmup_steps: float = field(
+        default=0,
+        metadata={"help": "transformers' warmup: steps (an integer) or a share of all steps (a float below 1)."},
+    )
     beta: float = field(
         default=0.0, metadata={"help": "KL coefficient against the starting model (the paper: 1e-4 or 0)."}
     )
@@ -169,6 +172,8 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
+        if self.mode == "sft" and (self.on_invalid is not None or self.reward != "domain"):
+            raise ValueError("on_invalid and reward set how rollouts are played and scored: mode sft plays none")
         if self.on_invalid is None:
             self.on_invalid = "feedback" if self.mode == "real-tools" else "terminate"
         if self.on_invalid not in ON_INVALID:
@@ -274,7 +279,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         output_dir=str(out),
         learning_rate=config.learning_rate,
         lr_scheduler_type=config.lr_scheduler_type,
-        warmup_ratio=config.warmup_ratio,
+        warmup_steps=int(config.warmup_steps) if config.warmup_steps >= 1 else config.warmup_steps,
         logging_steps=config.logging_steps,
         save_strategy="steps",
         save_steps=config.save_steps,
@@ -293,7 +298,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             logging_steps=config.logging_steps, save_steps=config.save_steps,
             resume=(_resume_point(out) or False) if config.resume else False, dtype=config.dtype,
             gradient_checkpointing=config.gradient_checkpointing, shared_prefix=config.shared_prefix,
-            pack_tokens=config.pack_tokens,
+            pack_tokens=config.pack_tokens, lr_scheduler_type=config.lr_scheduler_type,
+            warmup_steps=common["warmup_steps"],
         )  # fmt: skip
     else:
         from ..integrations.trl import (

@@ -263,6 +263,8 @@ def run_sft(
     shared_prefix: bool = True,
     pack_tokens: int = DEFAULT_PACK_TOKENS,
     gradient_accumulation_steps: int = 1,
+    lr_scheduler_type: str = "linear",
+    warmup_steps: float = 0,
 ) -> Any:
     """Fine-tune ``model`` on the completions of ``dataset`` with :class:`PackedSFTTrainer`; returns the trainer
     (``trainer.model`` is the fine-tuned model; with ``lora`` the adapters are merged before saving).
@@ -278,6 +280,8 @@ def run_sft(
         num_train_epochs=epochs,
         max_steps=max_steps,
         learning_rate=learning_rate,
+        lr_scheduler_type=lr_scheduler_type,
+        warmup_steps=warmup_steps,
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=gradient_accumulation_steps,
         completion_only_loss=True,
