@@ -150,7 +150,7 @@ def test_experiment_defaults_write_under_the_output_folder_and_print_their_comma
     config = ExperimentConfig(output_dir=str(tmp_path / "exp"))
     assert config.results_path == tmp_path / "exp" / "results.md"
     assert ExperimentConfig(results_file="docs/x.md").results_path.as_posix() == "docs/x.md"
-    assert command_line(config).startswith("envace experiment --domain lights --model tiny")
+    assert command_line(config).startswith("envace experiment --domain lights:easy --model tiny")
     with pytest.raises(ValueError, match="unknown conditions"):
         ExperimentConfig(conditions=["sft", "magic"])
 

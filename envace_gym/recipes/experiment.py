@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import shlex
 import sys
 import time
@@ -45,10 +46,12 @@ CONDITIONS = ("base", "sft", *RL_CONDITIONS)
 @dataclass
 class ExperimentConfig:
     """Settings of ``envace experiment`` (``--config`` YAML works too), grouped as in TRL's configs. The
-    defaults are the small scale that fits a 2-core CPU: a from-scratch tiny model on ``lights``."""
+    defaults are the small scale that fits a 2-core CPU: a from-scratch tiny model on ``lights:easy``."""
 
     # Parameters that control what is compared, and where it goes
-    domain: str = field(default="lights", metadata={"help": "Domain to learn on (a name, a folder, file.py:Class)."})
+    domain: str = field(
+        default="lights:easy", metadata={"help": "Domain to learn on (a name, a folder, file.py:Class)."}
+    )
     model: str | None = field(
         default="tiny",
         metadata={
@@ -185,7 +188,8 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     table = format_results(config, records, budget)
     config.results_path.parent.mkdir(parents=True, exist_ok=True)
     config.results_path.write_text(table)
-    plot = plot_learning_curves(records, config.results_path.with_name(f"curve-{domain.name}.png"), domain.name)
+    filename = "curve-" + re.sub(r"[^A-Za-z0-9_.-]", "-", domain.name) + ".png"  # "lights:easy" -> lights-easy
+    plot = plot_learning_curves(records, config.results_path.with_name(filename), domain.name)
     log(table)
     return {"records": records, "table": table, "plot": plot}
 
