@@ -261,8 +261,10 @@ def _rl_stage(
     simulator = _load(str(sft / "final"), None) if settings.get("frozen_simulator") else None
     curve_file = stage / "curve.json"
     curve: list[dict[str, Any]] = json.loads(curve_file.read_text()) if curve_file.is_file() else []
-    if not curve:  # step 0: the SFT model itself, evaluated like every later point
-        curve.append({"step": 0, **_evaluate(config, domain, policy, budget, fidelity=False)})
+    if not curve:  # step 0: the SFT model itself, evaluated like every later point (or already, by its stage)
+        done = sft / "record.json"
+        start = json.loads(done.read_text()) if done.is_file() else _evaluate(config, domain, policy, budget, False)
+        curve.append({"step": 0, **{k: start[k] for k in _EVAL_KEYS}})
 
     def evaluate_now(step: int) -> None:
         curve[:] = [p for p in curve if p["step"] != step]  # a resumed run re-evaluates the step it redid
@@ -306,6 +308,10 @@ def _load(path: str, train_layers: int | None) -> Any:
         for layer in layers[len(layers) - train_layers :]:
             layer.requires_grad_(True)
     return TransformersPolicy(model, AutoTokenizer.from_pretrained(path))
+
+
+_EVAL_KEYS = ("success", "mean_reward", "success_sampled", "mean_reward_sampled", "valid_real_calls_per_episode",
+              "eval_episodes", "eval_seconds")  # fmt: skip
 
 
 def _evaluate(
