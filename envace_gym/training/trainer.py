@@ -247,10 +247,10 @@ def train(
     rng = np.random.default_rng(config.seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     reference = copy.deepcopy(model).eval().requires_grad_(False) if config.beta > 0 else None
+    if simulator is not None and not config.frozen_simulator:
+        raise ValueError("a simulator is given but config.frozen_simulator is False: the policy would rehearse")
     if config.frozen_simulator and simulator is None:  # rehearsals by the starting weights, never updated
         simulator = TransformersPolicy(copy.deepcopy(model).eval().requires_grad_(False), policy.tokenizer)
-    if not config.frozen_simulator:
-        simulator = None
     history: list[dict[str, Any]] = load_state(checkpoint, model, optimizer, rng)
     sampling, rehearsal = rollout_sampling(config.max_new_tokens, config.temperature)
     # Rollouts sample in the dtype the loss recomputes in, so the recorded log-probs are the "old" ones.
@@ -280,7 +280,9 @@ def train(
                 extra = roll_out(config.tasks_per_step - _groups(batch))
                 zero_std += _zero_std_groups(extra)
                 batch = _merge(batch, _informative(extra))
-        samples = [s for s in batch.samples() if any(s.mask) and not (simulator is not None and s.role == "rehearse")]
+        # (with a refill, the batch and the metrics below hold the kept groups only)
+        trained_roles = ("act", "episode") if simulator is not None else ("act", "rehearse", "episode")
+        samples = [s for s in batch.samples(trained_roles) if any(s.mask)]
 
         # 2. Role-wise advantages: A = R - mean(R of the same role in the same group), no std division.
         advantages = rolewise_advantages(
@@ -325,7 +327,8 @@ def train(
         history.append(metrics)
         if log is not None:
             log(metrics)
-        if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
+        last = step + 1 == config.steps
+        if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or last):
             if on_checkpoint is not None:
                 on_checkpoint(step + 1)
             save_state(checkpoint, model, optimizer, rng, history)
