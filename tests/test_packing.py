@@ -367,6 +367,7 @@ def _ddp_worker(rank: int, world: int, store: str, queue) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    torch.set_num_threads(1)  # two ranks on two cores: more threads each oversubscribe them (the test stalled so)
     # A file rendezvous: no port to race for (a free port picked here can be taken before both ranks bind it, and
     # the ranks then wait for each other until gloo's 30-minute default), and a short timeout if one rank is lost.
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
