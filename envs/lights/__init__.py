@@ -1,4 +1,4 @@
-"""``lights``: one request, one call, one fact to report — the smallest domain on which learning shows."""
+"""``lights``: one request, one call, one fact to report — a domain small enough to study learning on a CPU."""
 
 from __future__ import annotations
 
@@ -58,9 +58,9 @@ class LightsDomain(GeneratedDomain):
 
     The smallest complete EnvACE loop that still needs the tool's answer: the user asks for a color in a
     room; the agent calls ``set_lamp`` with both, then tells the user the lamp's id, which only the tool's
-    result holds (every task's house numbers its lamps afresh). It is sized so that a model of a few hundred
-    thousand parameters learns it on a CPU in minutes: the package's learning test and the small scale of
-    ``envace experiment`` train on it.
+    result holds (every task's house numbers its lamps afresh). It is sized for learning studies on a CPU: the
+    small scale of ``envace experiment`` trains a from-scratch model of a few hundred thousand parameters on
+    its easy variant (docs/results.md has what that model did and did not learn).
 
     ## Tools
 
@@ -91,7 +91,7 @@ class LightsDomain(GeneratedDomain):
     ``make_domain("lights", num_tasks={"train": 1000, "test": 200}, seed=0)``. ``make_domain("lights:easy")``
     is the variant a from-scratch model is given: two rooms and two colors (held-out tasks then differ in
     phrasing and lamp ids, not in the pair asked for) and an answer that names the color only. ``rooms``,
-    ``colors``, ``report_id`` and ``lamp_ids="fixed"`` (every house numbered alike) set the same by hand.
+    ``colors`` and ``report_id`` set the same by hand.
     """
 
     name = "lights"
@@ -108,7 +108,6 @@ class LightsDomain(GeneratedDomain):
         seed: int | None = None,
         rooms: int = len(ROOMS),
         colors: int = len(COLORS),
-        lamp_ids: str = "per_task",
         report_id: bool = True,
     ) -> None:
         if variant not in VARIANTS:
@@ -118,14 +117,11 @@ class LightsDomain(GeneratedDomain):
             rooms, colors, report_id = VARIANTS[variant]
         if not (1 <= rooms <= len(ROOMS) and 1 <= colors <= len(COLORS)):
             raise ValueError(f"rooms must be in 1..{len(ROOMS)} and colors in 1..{len(COLORS)}")
-        if lamp_ids not in ("per_task", "fixed"):
-            raise ValueError(f"lamp_ids must be 'per_task' or 'fixed', got {lamp_ids!r}")
-        self.rooms, self.colors, self.lamp_ids, self.report_id = ROOMS[:rooms], COLORS[:colors], lamp_ids, report_id
+        self.rooms, self.colors, self.report_id = ROOMS[:rooms], COLORS[:colors], report_id
         super().__init__(num_tasks, seed)
 
     def sample_params(self, rng: np.random.Generator) -> dict[str, Any]:
-        fixed = np.random.default_rng(self.seed) if self.lamp_ids == "fixed" else rng
-        ids = fixed.choice(90, size=len(ROOMS), replace=False) + 10
+        ids = rng.choice(90, size=len(ROOMS), replace=False) + 10
         return {
             "room": str(rng.choice(self.rooms)),
             "color": str(rng.choice(self.colors)),
