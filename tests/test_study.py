@@ -231,3 +231,13 @@ def test_experiment_runs_the_inline_and_frozen_simulator_conditions(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "seed-0" / "sft+envace-frozen-sim" / "metrics.jsonl").open()]
     assert metrics[0]["rows_rehearse"] == 0  # the frozen simulator's rows are not trained
     assert records["sft"][0]["real_tool_executions"] > 0  # SFT's rows are laid out by replaying the references
+
+
+def test_train_top_layers_leaves_the_top_layers_and_the_final_norm_trainable():
+    from envace_gym.training.options import train_top_layers
+
+    model = train_top_layers(tiny_policy(seed=7).model, 1)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith(("model.layers.1.", "model.norm.")) for n in trainable)
+    assert any(n.startswith("model.norm.") for n in trainable)
+    assert all(p.requires_grad for p in train_top_layers(tiny_policy(seed=7).model, None).parameters())

@@ -300,13 +300,9 @@ def _load(path: str, train_layers: int | None) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..policy.transformers import TransformersPolicy
+    from ..training.options import train_top_layers
 
-    model = AutoModelForCausalLM.from_pretrained(path)
-    if train_layers is not None:
-        layers = model.get_decoder().layers
-        model.requires_grad_(False)
-        for layer in layers[len(layers) - train_layers :]:
-            layer.requires_grad_(True)
+    model = train_top_layers(AutoModelForCausalLM.from_pretrained(path), train_layers)
     return TransformersPolicy(model, AutoTokenizer.from_pretrained(path))
 
 

@@ -26,7 +26,7 @@ from ..domains.registry import make_domain
 from ..episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
 from ..policy.precision import DTYPES, resolve_dtype
 from ..training.memory import return_freed_memory
-from ..training.options import lora_config, use_cpu
+from ..training.options import lora_config, train_top_layers, use_cpu
 from ..training.packing import DEFAULT_PACK_TOKENS
 
 MODES = ("rehearsal", "real-tools", "sft")
@@ -221,15 +221,7 @@ def _load_model(path: str, train_layers: int | None, instance: bool = False) -> 
         return path
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path)
-    if train_layers is None:
-        return model
-    layers = model.get_decoder().layers
-    model.requires_grad_(False)
-    for layer in layers[len(layers) - train_layers :]:
-        layer.requires_grad_(True)
-    model.get_decoder().norm.requires_grad_(True)
-    return model
+    return train_top_layers(AutoModelForCausalLM.from_pretrained(path), train_layers)
 
 
 def _resume_point(out: Path) -> str | None:

@@ -1,5 +1,6 @@
-"""Two settings every training entry point (``run_sft``, ``envace train``) resolves the same way: where training
-runs, and the LoRA adapters ``--lora`` trains."""
+"""Settings every training entry point (``run_sft``, ``sft_steps``, ``envace train``, ``envace experiment``)
+resolves the same way: where training runs, the LoRA adapters ``--lora`` trains, and which layers
+``--train_layers`` leaves trainable."""
 
 from __future__ import annotations
 
@@ -22,4 +23,17 @@ def lora_config(r: int) -> Any:
     return LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
-__all__ = ["lora_config", "use_cpu"]
+def train_top_layers(model: Any, layers: int | None) -> Any:
+    """Freeze all of ``model`` but its top ``layers`` decoder layers and the final norm (a CPU budget option);
+    ``None`` leaves everything trainable. Returns the model."""
+    if layers is None:
+        return model
+    decoder = model.get_decoder()
+    model.requires_grad_(False)
+    for layer in decoder.layers[len(decoder.layers) - layers :]:
+        layer.requires_grad_(True)
+    decoder.norm.requires_grad_(True)
+    return model
+
+
+__all__ = ["lora_config", "train_top_layers", "use_cpu"]

@@ -36,7 +36,7 @@ from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
 from ..policy.precision import resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
 from .model_card import BaseModelCardMixin
-from .options import lora_config, use_cpu
+from .options import lora_config, train_top_layers, use_cpu
 from .packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 from .state import load_state, save_state
 
@@ -343,10 +343,7 @@ def sft_steps(
     dom = make_domain(domain)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
-    if train_layers is not None:
-        model.requires_grad_(False)
-        for layer in model.get_decoder().layers[-train_layers:]:
-            layer.requires_grad_(True)
+    train_top_layers(model, train_layers)
     rows = sft_rows(dom, tokenizer, dom.tasks("train")[: min(tasks, len(dom.tasks("train")))])
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
     rng = np.random.default_rng(seed)
