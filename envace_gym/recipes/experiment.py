@@ -262,9 +262,11 @@ def _rl_stage(
     curve_file = stage / "curve.json"
     curve: list[dict[str, Any]] = json.loads(curve_file.read_text()) if curve_file.is_file() else []
     if not curve:  # step 0: the SFT model itself, evaluated like every later point (or already, by its stage)
-        done = sft / "record.json"
-        start = json.loads(done.read_text()) if done.is_file() else _evaluate(config, domain, policy, budget, False)
-        curve.append({"step": 0, **{k: start[k] for k in _EVAL_KEYS}})
+        sft_record = sft / "record.json"
+        sft_eval = (
+            json.loads(sft_record.read_text()) if sft_record.is_file() else _evaluate(config, domain, policy, budget, False)
+        )
+        curve.append({"step": 0, **{k: sft_eval[k] for k in _EVAL_KEYS}})
 
     def evaluate_now(step: int) -> None:
         curve[:] = [p for p in curve if p["step"] != step]  # a resumed run re-evaluates the step it redid
