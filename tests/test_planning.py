@@ -64,6 +64,39 @@ def test_the_memory_reaches_the_committed_prompt():
     assert rehearse_prompts and all("Reference executions" not in p for p in rehearse_prompts)
 
 
+@pytest.mark.parametrize(("word", "plain_turns"), [("keep", 0), ("revise", 1)])
+def test_select_commits_a_kept_rehearsals_first_turn_else_acts_plainly(word, plain_turns):
+    """commit="select": a rehearsal the policy kept gives the committed turn as it was imagined (no generation
+    after the assessments); none kept, one plain generation. No prompt ever holds a memory."""
+
+    def assessing(prompt: str) -> str:
+        return f"It looked up the owner. Verdict: {word}" if ASSESS_SYSTEM[:40] in prompt else responder(prompt)
+
+    policy = ScriptedPolicy(assessing)
+    env = gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=policy, executor="real")
+    agent = PrivateRehearsal(env, PlannerConfig(budget=2, mode="parallel", horizon=2, commit="select"))
+    agent.reset(options={"task": TASK.id})
+    action = agent.act()
+    assert action.strip() == ToolCall("find_accounts", {"owner": OWNER}).to_text().strip()
+    last_assessment = max(i for i, p in enumerate(policy.prompts) if ASSESS_SYSTEM[:40] in p)
+    assert len(policy.prompts) - 1 - last_assessment == plain_turns
+    assert not any("Rehearsal memory" in p for p in policy.prompts)
+    assert agent.planner.stats["kept_turns"] == 1 - plain_turns
+    _, _, _, _, info = agent.step(action)
+    assert info["private_rehearsal"]["real_calls"] == 1
+
+
+def test_verdicts_are_read_from_the_last_line_that_gives_one():
+    from envace_gym.rollout.planner import verdict
+
+    assert verdict("Wrong owner. Verdict: revise") == "revise"
+    assert verdict("verdict - Keep") == "keep"
+    assert verdict("First I thought Verdict: revise, but Verdict: keep") == "keep"
+    assert verdict("no verdict given") is None
+    with pytest.raises(ValueError, match="commit must be one of"):
+        PlannerConfig(commit="best")
+
+
 def test_budget_zero_is_plain_acting(tiny):
     params = SamplingParams(max_new_tokens=10, temperature=1.0)
     kwargs = dict(executor="real", act_sampling=params, seed=4)

@@ -186,6 +186,21 @@ def test_lights_domain_plays_and_holds_out_pairs():
         type(lights)(rooms=9)
 
 
+def test_lights_favorite_asks_for_a_color_it_never_names():
+    """The learning test's domain: the request names no color; the reference (and so the reward) uses the
+    household's usual one, which another household sets otherwise."""
+    red, green = make_domain("lights:favorite"), make_domain("lights", rooms=1, report_id=False, favorite="green")
+    for domain, color in ((red, "red"), (green, "green")):
+        tasks = domain.tasks("train")[:20] + domain.tasks("test")[:20]
+        assert {t.expected["calls"][0]["arguments"]["color"] for t in tasks} == {color}
+        assert {t.expected["answer_contains"][0] for t in tasks} == {color}
+        assert not any(c in t.prompt for t in tasks for c in ("red", "green"))
+    assert len({t.prompt for t in red.tasks("train")[:20]}) == 3  # the three phrasings, the same in both
+    assert {t.prompt for t in red.tasks("train")[:20]} == {t.prompt for t in green.tasks("train")[:20]}
+    with pytest.raises(ValueError, match="favorite must be one of"):
+        type(red)(favorite="teal")
+
+
 def test_trainer_config_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="on_invalid must be one of"):
         TrainerConfig(on_invalid="ignore")
@@ -214,6 +229,34 @@ def test_fidelity_tells_copying_from_simulation():
     result = evaluate(ScriptedPolicy(copier), "units", "test", num_tasks=3)
     assert result.rehearsals == 3
     assert result.equal_to_real == 1.0 and result.parsed_withheld == 1.0 and result.equal_to_real_withheld == 0.0
+    assert result.own_calls == 0  # its Act turns call nothing: no own call to rehearse
+
+
+def test_fidelity_rehearses_the_policys_own_calls():
+    """The third pass rehearses the calls the policy itself makes (here 7 grams to kilograms, which no
+    reference makes): a copier has nothing to copy, a simulator that runs the tool gets them right."""
+    from envace_gym.evaluation import evaluate
+    from envace_gym.tools import ToolCall
+
+    units = make_domain("units")
+    call = {"name": "convert_mass", "arguments": {"value": 7, "from_unit": "g", "to_unit": "kg"}}
+    own = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    def policy(simulate: bool):
+        def respond(prompt: str) -> str:
+            if "precise tool simulator" not in prompt:
+                return "Done." if "<tool_response>" in prompt else own  # Act: one own call, then an answer
+            line = [x for x in prompt.splitlines() if x.startswith("call: ")][-1]
+            call, _ = json.JSONDecoder().raw_decode(line[len("call: "):])
+            result = units.make_executor(units.tasks("test")[0]).execute(ToolCall(call["name"], call["arguments"]))
+            return (json.dumps(result) if simulate else '{"value": 0, "unit": "kg"}') + "\n</execution_result>"
+
+        return ScriptedPolicy(respond)
+
+    simulator, guesser = (evaluate(policy(s), "units", "test", num_tasks=2) for s in (True, False))
+    assert simulator.own_calls == guesser.own_calls == 2
+    assert simulator.parsed_own_calls == guesser.parsed_own_calls == 1.0
+    assert (simulator.equal_to_real_own_calls, guesser.equal_to_real_own_calls) == (1.0, 0.0)
 
 
 @pytest.mark.slow

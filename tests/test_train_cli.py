@@ -233,6 +233,14 @@ def test_eval_with_private_rehearsal_prints_a_table(tiny_path, tmp_path, capsys)
     assert [r["setting"] for r in records] == ["plain acting", "parallel, N=1", "sequential, N=1"]
     assert records[0]["rehearsal_tokens"] == 0 < records[1]["rehearsal_tokens"]
 
+    argv[argv.index("sequential")] = "--commit"
+    argv[argv.index("--commit") + 1 : argv.index("--commit") + 1] = ["memory", "select"]
+    assert main(argv) == 0
+    assert "turns from a kept rehearsal |" in capsys.readouterr().out
+    assert [r["setting"] for r in json.loads(out.read_text())] == [
+        "plain acting", "parallel, N=1, commit=memory", "parallel, N=1, commit=select",
+    ]  # fmt: skip
+
 
 def test_lora_and_tensorboard(tiny_path, tmp_path):
     out = tmp_path / "lora"

@@ -143,12 +143,18 @@ def _eval(args: argparse.Namespace) -> int:
     domain = make_domain(args.domain)  # an unknown domain fails before the model loads
     policy = make_policy(args.model)
     runs = []
-    settings = [(None, 0)] if not args.rehearse else [(m, b) for m in args.rehearse for b in args.budget]
-    for mode, budget in settings:
+    settings = [(None, 0, None)]
+    if args.rehearse:
+        settings = [(m, b, c) for c in args.commit for m in args.rehearse for b in args.budget]
+    for mode, budget, commit in settings:
         planner = None
         if mode is not None and budget > 0:
-            planner = PlannerConfig(budget=budget, mode=mode, horizon=args.horizon, max_new_tokens=args.max_new_tokens)
+            planner = PlannerConfig(
+                budget=budget, mode=mode, horizon=args.horizon, max_new_tokens=args.max_new_tokens, commit=commit
+            )
         label = "plain acting" if planner is None else f"{mode}, N={budget}"
+        if planner is not None and args.commit != ["memory"]:
+            label += f", commit={commit}"
         if mode is not None and budget == 0 and any(r[0] == "plain acting" for r in runs):
             continue  # N=0 is plain acting, whatever the mode
         result = evaluate(
@@ -174,17 +180,22 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"  returns schema ok  {result.schema_ok:.3f}")
             print(f"  equal to real      {result.equal_to_real:.3f} (the call's own result in the prompt: copying)")
             print(f"  ... own withheld   {result.equal_to_real_withheld:.3f} (simulation; parse {result.parsed_withheld:.3f})")
+            print(f"  policy's own calls {result.equal_to_real_own_calls:.3f} equal to real, {result.own_calls} calls "
+                  f"(simulation; parse {result.parsed_own_calls:.3f})")  # fmt: skip
     else:
         print(
             f"\n{runs[0][1].domain} / {runs[0][1].split}, {runs[0][1].episodes} episodes, {runs[0][1].executor} execution, model {args.model or 'default'}"
         )
+        select = "select" in args.commit
         print(
             "| private rehearsal | success rate | mean reward | real-executor calls | Act tokens | rehearsal tokens |"
+            + (" turns from a kept rehearsal |" if select else "")
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|" + ("---|" if select else ""))
         for label, r in runs:
             print(
                 f"| {label} | {r.success_rate:.3f} | {r.mean_reward:.3f} | {r.real_calls} | {r.act_tokens} | {r.rehearsal_tokens} |"
+                + (f" {r.kept_turns} |" if select else "")
             )
     return 0
 
@@ -357,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling (the paper: 0.95)")
     evaluate.add_argument(
         "--no-fidelity", action="store_true",
-        help="skip the rehearsal-fidelity pass (the reference calls rehearsed, compared with the real results)",
+        help="skip the rehearsal-fidelity passes (reference calls with and without their own results, the "
+        "policy's own calls: each rehearsed and compared with the real results)",
     )  # fmt: skip
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the generation batches")
     evaluate.add_argument(
@@ -368,6 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget", nargs="+", type=int, default=[2], help="N, rehearsals per committed turn (several: a table)"
     )
     evaluate.add_argument("--horizon", type=int, default=3, help="imagined Act turns per rehearsal")
+    evaluate.add_argument(
+        "--commit", nargs="+", choices=["memory", "select"], default=["memory"],
+        help="how the committed turn follows the rehearsals: written with their memory before it, or the first "
+        "turn of the first rehearsal the policy's assessment kept (none kept: plain acting); several: a table",
+    )  # fmt: skip
     evaluate.add_argument("--out", default=None, help="also write the result(s) as JSON")
     evaluate.set_defaults(func=_eval)
 

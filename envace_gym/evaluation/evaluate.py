@@ -11,7 +11,10 @@
   (``<execution_result>`` with JSON), that pass the tool's ``returns`` schema, and that equal the real
   response (canonical JSON). Those calls' own results sit in the rehearse prompt's references, so "equal"
   there measures **copying**. A second pass withholds each call's own executions from its references
-  (``RehearsalConfig.withhold_own_result``): ``equal_to_real_withheld`` measures **simulation**.
+  (``RehearsalConfig.withhold_own_result``): ``equal_to_real_withheld`` measures **simulation**. A third pass
+  rehearses the policy's **own** calls: the policy acts on its own rehearsals (each call's own result withheld,
+  as it would be for a call no reference made), and each rehearsal is compared with what the real executor
+  returns for that call in that state (``equal_to_real_own_calls``).
 """
 
 from __future__ import annotations
@@ -43,12 +46,16 @@ class EvalResult:
     real_calls: int = 0  # calls that reached the real executor (the committed ones)
     act_tokens: int = 0  # tokens of the committed Act turns
     rehearsal_tokens: int = 0  # tokens spent in private rehearsal (0 without a planner)
+    kept_turns: int = 0  # commit="select": committed turns taken from a rehearsal the policy kept
     rehearsals: int = 0
     parsed: float = float("nan")
     schema_ok: float = float("nan")
     equal_to_real: float = float("nan")  # the call's own result was in the prompt: copying
     parsed_withheld: float = float("nan")
     equal_to_real_withheld: float = float("nan")  # the call's own result withheld: simulation
+    own_calls: int = 0  # the policy's own calls rehearsed in the third fidelity pass
+    parsed_own_calls: float = float("nan")
+    equal_to_real_own_calls: float = float("nan")  # simulation of the calls the policy itself makes
     per_task: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,7 +97,7 @@ def evaluate(
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
     sampling, rehearsal = rollout_sampling(max_new_tokens, temperature, top_p)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
-    passes = 3 if fidelity and dom.executes_calls else 1
+    passes = 4 if fidelity and dom.executes_calls else 1
     executor = "real" if not tasks or dom.make_executor(tasks[0]) is not None else "cached"
     real = collect_rollouts(
         policy, dom, tasks, executor=executor, act_sampling=sampling, seed=seed, actor=actor,
@@ -110,6 +117,7 @@ def evaluate(
         ],
         real_calls=sum(sum(1 for c in e.calls if c["route"] == "real") for e in real.episodes),
         rehearsal_tokens=actor.stats["rehearsal_tokens"] if actor is not None else 0,
+        kept_turns=actor.stats["kept_turns"] if actor is not None else 0,
         act_tokens=int(real.stats["act_tokens"]),
     )
     if not fidelity or not dom.executes_calls:  # no real responses to compare rehearsals with
@@ -123,17 +131,25 @@ def evaluate(
         policy, dom, tasks, withheld, seed,
         _pass_progress(progress, 2, passes, len(tasks), "rehearsal fidelity (own results withheld)"),
     )  # fmt: skip
+    result.own_calls, result.parsed_own_calls, _, result.equal_to_real_own_calls = _fidelity(
+        policy, dom, tasks, withheld, seed,
+        _pass_progress(progress, 3, passes, len(tasks), "rehearsal fidelity (the policy's own calls)"),
+        act_sampling=sampling,
+    )  # fmt: skip
     return result
 
 
 def _fidelity(
-    policy: Policy, dom: Domain, tasks: list[Any], rehearsal: Any, seed: int, progress: Progress
+    policy: Policy, dom: Domain, tasks: list[Any], rehearsal: Any, seed: int, progress: Progress,
+    act_sampling: Any = None,
 ) -> tuple[int, float, float, float]:
-    """Each task's reference acted while the policy rehearses every call: how many rehearsals, and the share
-    that parse, pass the ``returns`` schema and equal the real executor's answer (NaN when none)."""
+    """Each task's reference acted (or, given ``act_sampling``, the policy acting) while the policy rehearses
+    every call: how many rehearsals, and the share that parse, pass the ``returns`` schema and equal the real
+    executor's answer for the same call in the same state (NaN when none)."""
+    act = "reference" if act_sampling is None else "policy"
     rehearsed = collect_rollouts(
-        policy, dom, tasks, executor="rehearsal", act="reference", on_invalid="feedback", rehearsal=rehearsal,
-        seed=seed, progress=progress,
+        policy, dom, tasks, executor="rehearsal", act=act, on_invalid="feedback", rehearsal=rehearsal,
+        act_sampling=act_sampling, seed=seed, progress=progress,
     )  # fmt: skip
     total = parsed = schema_ok = equal = 0
     for task, episode in zip(tasks, rehearsed.episodes, strict=True):

@@ -334,6 +334,7 @@ def _evaluate(
         "rehearsal_parses": greedy.parsed,
         "rehearsal_equal_copying": greedy.equal_to_real,  # the call's own result was in the prompt
         "rehearsal_equal_withheld": greedy.equal_to_real_withheld,  # it was not: simulation
+        "rehearsal_equal_own_calls": greedy.equal_to_real_own_calls,  # the policy's own calls: simulation
         "eval_episodes": greedy.episodes,
         "eval_seconds": time.perf_counter() - started,
     }
@@ -366,8 +367,9 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
         "",
         "| condition | success (greedy) | success (sampled) | mean reward (greedy) | valid real calls / episode "
         "| rehearsal = real, own result in prompt (copying) | rehearsal = real, own result withheld (simulation) "
-        "| real tool executions in training | train s | eval s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| rehearsal = real, the policy's own calls (simulation) | real tool executions in training | train s "
+        "| eval s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for condition, by_seed in records.items():
         rows = list(by_seed.values())
@@ -378,7 +380,7 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
         lines.append(
             f"| {condition} | {col('success')} | {col('success_sampled')} | {col('mean_reward')} "
             f"| {col('valid_real_calls_per_episode')} | {col('rehearsal_equal_copying')} | {col('rehearsal_equal_withheld')} "
-            f"| {'/'.join(map(str, executions))} | {col('train_seconds')} | {col('eval_seconds')} |"
+            f"| {col('rehearsal_equal_own_calls')} | {'/'.join(map(str, executions))} | {col('train_seconds')} | {col('eval_seconds')} |"
         )
     return "\n".join(lines) + "\n"
 

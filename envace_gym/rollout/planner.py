@@ -12,8 +12,11 @@ each one up to ``horizon`` Act turns, every tool call answered by the policy its
 without the task's reference results: at test time nothing privileged is known), ending at a final answer,
 which in imagination is not followed by any user turn and is not scored. After each rehearsal the policy
 writes a short self-assessment with revision suggestions. Everything is condensed into a **rehearsal memory**,
-a private note placed just before the committed Act turn, which then goes to the real executor. ``budget=0``
-is plain acting.
+a private note placed just before the committed Act turn, which then goes to the real executor
+(``commit="memory"``, the paper's description). ``commit="select"`` instead commits the first Act turn of the
+first rehearsal the policy's own assessment kept (``Verdict: keep``), and acts plainly when it kept none: the
+committed prompt never holds a memory, which a model not trained with one can be derailed by. ``budget=0`` is
+plain acting.
 
 Accounting: rehearsals never call the real executor (``ToolExecutor.calls_executed`` counts the calls that
 did), and every token generated in rehearsal is counted (:attr:`RehearsalPlanner.stats`).
@@ -21,6 +24,7 @@ did), and every token generated in rehearsal is counted (:attr:`RehearsalPlanner
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,6 +40,7 @@ from ..text import shorten
 
 SUMMARY_WIDTH = 160  # characters of a call, result or answer in a rehearsal's summary
 MODES = ("parallel", "sequential")
+COMMITS = ("memory", "select")
 
 ASSESS_SYSTEM = (
     "You review an imagined attempt at a task, made before acting for real. Be brief and concrete: did the "
@@ -56,6 +61,9 @@ class PlannerConfig:
         assessment_tokens: Token budget of each self-assessment.
         temperature: Sampling temperature of rehearsals and assessments.
         memory_chars: Longest rehearsal memory (its oldest parts are cut first).
+        commit: ``"memory"``: the committed turn is written with the memory before it; ``"select"``: it is
+            the first Act turn of the first rehearsal whose assessment ends in ``Verdict: keep`` (none kept:
+            plain acting).
     """
 
     budget: int = 2
@@ -65,10 +73,13 @@ class PlannerConfig:
     assessment_tokens: int = 64
     temperature: float = 0.7
     memory_chars: int = 3000
+    commit: str = "memory"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.commit not in COMMITS:
+            raise ValueError(f"commit must be one of {COMMITS}, got {self.commit!r}")
         if self.budget < 0:
             raise ValueError("budget must be >= 0")
 
@@ -86,7 +97,7 @@ class RehearsalPlanner:
         self.policy = policy
         self.config = config or PlannerConfig()
         self.act_sampling = act_sampling or SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=0.0)
-        self.stats = {"rehearsals": 0, "rehearsal_tokens": 0, "committed_turns": 0}
+        self.stats = {"rehearsals": 0, "rehearsal_tokens": 0, "committed_turns": 0, "kept_turns": 0}
         self.last_memories: list[str] = []
 
     # -- the committed turn ---------------------------------------------------------------------------
@@ -104,16 +115,26 @@ class RehearsalPlanner:
             self.last_memories = [""] * len(episodes)
             return driver.generate([e.prompt_ids for e in episodes], self.act_sampling, keys)
         notes: list[list[str]] = [[] for _ in episodes]
+        kept: list[Generation | None] = [None] * len(episodes)  # commit="select": the first kept first turn
         rounds = 1 if self.config.mode == "parallel" else self.config.budget
         per_round = self.config.budget if self.config.mode == "parallel" else 1
         for _ in range(rounds):
             starts = [(i, self._memory(notes[i])) for i in range(len(episodes)) for _ in range(per_round)]
             forks = [self._fork(episodes[i], memory, rng) for i, memory in starts]
-            self._imagine(forks, driver)
+            first_turns = self._imagine(forks, driver)
             assessments = self._assess(forks, driver)
-            for (i, _), fork, assessment in zip(starts, forks, assessments, strict=True):
+            for (i, _), fork, first, assessment in zip(starts, forks, first_turns, assessments, strict=True):
                 notes[i].append(self._summary(fork, assessment, len(notes[i]) + 1))
+                if kept[i] is None and verdict(assessment) == "keep":
+                    kept[i] = first
         self.last_memories = [self._memory(n) for n in notes]
+        if self.config.commit == "select":
+            plain = [i for i, k in enumerate(kept) if k is None]
+            self.stats["kept_turns"] += len(episodes) - len(plain)
+            gens = driver.generate([episodes[i].prompt_ids for i in plain], self.act_sampling, [keys[i] for i in plain])
+            for i, gen in zip(plain, gens, strict=True):
+                kept[i] = gen
+            return [k for k in kept if k is not None]
         prompts = [e.prompt_with_note(m)[0] for e, m in zip(episodes, self.last_memories, strict=True)]
         # The memory changes the prompt's middle, so these prompts continue no cached conversation; the session
         # still encodes the part they share with the forks (system prompt, tools, the conversation so far) once.
@@ -133,14 +154,18 @@ class RehearsalPlanner:
         )
         return episode.fork(config, np.random.default_rng(int(rng.integers(2**31))), note=memory or None)
 
-    def _imagine(self, forks: list[Episode], driver: EpisodeDriver) -> None:
+    def _imagine(self, forks: list[Episode], driver: EpisodeDriver) -> list[Generation]:
+        """Play the forks to their end; returns each fork's first Act turn."""
         params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature)
-        live = list(forks)
+        live, first_turns = list(forks), None
         while live:  # forks have no key: their prompts are fresh, the session shares only their prefixes
-            outcomes = driver.play_turn(live, params)
+            acts = driver.act(live, params)
+            first_turns = first_turns or acts
+            outcomes = driver.play(live, acts)
             live = [f for f, o in zip(live, outcomes, strict=True) if not (o.terminated or o.truncated)]
         self.stats["rehearsals"] += len(forks)
         self.stats["rehearsal_tokens"] += sum(len(r.completion_ids) for f in forks for r in f.rows)  # Act + Rehearse
+        return first_turns or []
 
     def _assess(self, forks: list[Episode], driver: EpisodeDriver) -> list[str]:
         prompts = []
@@ -178,6 +203,12 @@ class RehearsalPlanner:
             "Rehearsal memory (private: imagined attempts, no tool was really called). Use it to act better now.\n\n"
             + text
         )
+
+
+def verdict(assessment: str) -> str | None:
+    """The last ``Verdict: keep`` / ``Verdict: revise`` of a self-assessment (lower case), else None."""
+    found = re.findall(r"verdict\W*(keep|revise)", assessment, flags=re.IGNORECASE)
+    return found[-1].lower() if found else None
 
 
 def _transcript(fork: Episode) -> str:

@@ -318,7 +318,7 @@ def run_sft(
 
 def sft_steps(
     model_path: str | Path,
-    domain: str | Domain,
+    domain: str | Domain | Sequence[str | Domain],
     output_dir: str | Path,
     *,
     tasks: int = 200,
@@ -333,18 +333,18 @@ def sft_steps(
 ) -> list[dict[str, float]]:
     """SFT in plain torch, the loop :mod:`envace_gym.training.trainer` uses for RL: ``steps`` AdamW steps at a
     constant rate, each on ``batch_size`` rows drawn (seeded) from the :func:`sft_rows` of the first ``tasks``
-    training tasks, loss = mean negative log-likelihood of the completion tokens (shared-prefix forward). The
+    training tasks (of each domain, given several: demonstrations pooled from their tasks), loss = mean negative log-likelihood of the completion tokens (shared-prefix forward). The
     model goes to ``output_dir``. With ``checkpoint`` (a file) the state is saved every ``checkpoint_every``
     steps and a cut-off run resumes from it. Returns one ``{"step", "loss"}`` per step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .packing import completion_logprobs
 
-    dom = make_domain(domain)
+    domains = [make_domain(d) for d in ([domain] if isinstance(domain, str | Domain) else domain)]
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
     train_top_layers(model, train_layers)
-    rows = sft_rows(dom, tokenizer, dom.tasks("train")[: min(tasks, len(dom.tasks("train")))])
+    rows = [row for dom in domains for row in sft_rows(dom, tokenizer, dom.tasks("train")[:tasks])]
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
     rng = np.random.default_rng(seed)
     history: list[dict[str, float]] = load_state(checkpoint, model, optimizer, rng)

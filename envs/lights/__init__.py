@@ -14,13 +14,24 @@ from envace_gym.tools import ToolExecutor, ToolFailure, tool
 ROOMS = ("kitchen", "bedroom", "hall", "office", "garage", "attic", "porch", "studio")
 COLORS = ("red", "green", "blue", "white", "yellow", "orange", "purple", "pink")
 
-# "lights:easy": two rooms, two colors, the answer names the color only (what a from-scratch model can learn).
-VARIANTS: dict[str | None, tuple[int, int, bool]] = {None: (len(ROOMS), len(COLORS), True), "easy": (2, 2, False)}
+# variant: (rooms, colors, report_id, favorite). "easy": two rooms, two colors, the answer names the color only.
+# "favorite": one room, and the user asks for "my usual color" (red), which only the reward reveals: what the
+# learning test trains, since a from-scratch model learns it without reading the request.
+VARIANTS: dict[str | None, tuple[int, int, bool, str | None]] = {
+    None: (len(ROOMS), len(COLORS), True, None),
+    "easy": (2, 2, False, None),
+    "favorite": (1, 2, False, "red"),
+}
 
 _REQUESTS = (
     "Set the {room} lamp to {color}.",
     "Please make the light in the {room} {color}.",
     "I want {color} light in the {room}.",
+)
+_FAVORITE_REQUESTS = (
+    "Set the {room} lamp to my usual color.",
+    "Please make the light in the {room} my usual color.",
+    "I want my usual light in the {room}.",
 )
 
 
@@ -90,8 +101,11 @@ class LightsDomain(GeneratedDomain):
 
     ``make_domain("lights", num_tasks={"train": 1000, "test": 200}, seed=0)``. ``make_domain("lights:easy")``
     is the variant a from-scratch model is given: two rooms and two colors (held-out tasks then differ in
-    phrasing and lamp ids, not in the pair asked for) and an answer that names the color only. ``rooms``,
-    ``colors`` and ``report_id`` set the same by hand.
+    phrasing and lamp ids, not in the pair asked for) and an answer that names the color only.
+    ``make_domain("lights:favorite")`` is the learning test's (``envace_gym.recipes.learning``): one room, and
+    the user asks for "my usual color" without naming it; the reference uses the household's favorite (red),
+    so only the reward can teach it. ``rooms``, ``colors``, ``report_id`` and ``favorite`` set the same by
+    hand (``favorite="green"`` is another household, with the same requests).
     """
 
     name = "lights"
@@ -109,22 +123,26 @@ class LightsDomain(GeneratedDomain):
         rooms: int = len(ROOMS),
         colors: int = len(COLORS),
         report_id: bool = True,
+        favorite: str | None = None,
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown lights variant {variant!r}; choose from {sorted(v for v in VARIANTS if v)}")
         if variant is not None:
             self.name = f"lights:{variant}"
-            rooms, colors, report_id = VARIANTS[variant]
+            rooms, colors, report_id, favorite = VARIANTS[variant]
         if not (1 <= rooms <= len(ROOMS) and 1 <= colors <= len(COLORS)):
             raise ValueError(f"rooms must be in 1..{len(ROOMS)} and colors in 1..{len(COLORS)}")
+        if favorite is not None and favorite not in COLORS:
+            raise ValueError(f"favorite must be one of {', '.join(COLORS)}, got {favorite!r}")
         self.rooms, self.colors, self.report_id = ROOMS[:rooms], COLORS[:colors], report_id
+        self.favorite = favorite
         super().__init__(num_tasks, seed)
 
     def sample_params(self, rng: np.random.Generator) -> dict[str, Any]:
         ids = rng.choice(90, size=len(ROOMS), replace=False) + 10
         return {
             "room": str(rng.choice(self.rooms)),
-            "color": str(rng.choice(self.colors)),
+            "color": self.favorite or str(rng.choice(self.colors)),
             "template": int(rng.integers(len(_REQUESTS))),
             "lamps": {room: f"L-{int(i)}" for room, i in zip(ROOMS, ids, strict=True)},
         }
@@ -140,6 +158,7 @@ class LightsDomain(GeneratedDomain):
 
     def build_task(self, params: dict[str, Any], task_id: str, split: str) -> Task:
         room, color = params["room"], params["color"]
+        requests = _FAVORITE_REQUESTS if self.favorite else _REQUESTS
         state = {"lamps": dict(params["lamps"]), "colors": {}}
         rec = ReferenceRecorder(LightsTools(state))
         result = rec.call("set_lamp", room=room, color=color)
@@ -148,7 +167,7 @@ class LightsDomain(GeneratedDomain):
         return Task(
             id=task_id,
             domain=self.name,
-            prompt=_REQUESTS[params["template"]].format(room=room, color=color),
+            prompt=requests[params["template"]].format(room=room, color=color),
             split=split,
             tools=("set_lamp",),
             reference=rec.turns,
