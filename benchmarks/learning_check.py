@@ -1,98 +1,78 @@
-"""The learning check: does EnvACE training, with no real tool execution at all, raise held-out success
-measured with the real tools? (Meant to become a test in `make test` once a setting passes it on every seed;
-docs/results.md has what it measured so far.)
-
-A from-scratch 2-layer model (``tiny_start_model``) is warmed up by SFT on reference trajectories of the easy
-``lights`` variant, then trained by the pure-torch EnvACE trainer: the policy rehearses every call
-(``executor="rehearsal"``), episodes are scored on the task's reference (``reward="reference"``), so the real
-executor never runs. Held-out success is measured before and after with the real executor, sampled at the
-paper's evaluation setting (T 0.6, top-p 0.95) with a fixed seed.
-
-Run it to see the gain over seeds, and what a broken learner does:
+"""The learning check over seeds: held-out success before and after EnvACE training (no real tool executed),
+the spread that sets the margin of tests/test_learning.py, and what a learner broken on purpose does.
 
     python benchmarks/learning_check.py --seeds 0 1 2 3 4
-    python benchmarks/learning_check.py --seeds 0 --broken flip-advantage
-    python benchmarks/learning_check.py --seeds 0 --broken no-rehearse-rows
+    python benchmarks/learning_check.py --seeds 0 1 2 3 4 --broken flip-advantage
+    python benchmarks/learning_check.py --seeds 0 1 2 3 4 --broken no-rehearse-rows
+    python benchmarks/learning_check.py --seeds 0 1 --validation   # another task set: where settings are tuned
+
+The setting is :mod:`envace_gym.recipes.learning` (its docstring says why it is built so). ``--broken``
+replaces the trainer's role-wise advantages: ``flip-advantage`` negates them (the policy is pushed away from
+what the reward favours), ``no-rehearse-rows`` zeroes them on Rehearse rows (only the Act role learns).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import json
+import statistics
+import tempfile
 from pathlib import Path
 
-SFT_STEPS, SFT_LR = 200, 1e-3
-RL_STEPS, RL_LR, RL_TEMPERATURE = 40, 1e-4, 0.7
-EVAL_TASKS, EVAL_SEED = 64, 1234
 
+def broken_advantages(kind: str | None):
+    """The trainer's ``rolewise_advantages``, broken as ``kind`` says (None: unchanged)."""
+    from envace_gym.training import trainer
 
-def learning_domain():
-    from envace_gym import make_domain
-
-    return make_domain("lights:easy")
-
-
-def held_out_success(policy, domain) -> float:
-    from envace_gym.evaluation import evaluate
-
-    result = evaluate(
-        policy, domain, "test", EVAL_TASKS, max_new_tokens=96, temperature=0.6, top_p=0.95, seed=EVAL_SEED,
-        fidelity=False,
-    )  # fmt: skip
-    return result.success_rate
-
-
-def learn(seed: int, workdir: Path, broken: str | None = None) -> dict[str, float]:
-    """SFT, then EnvACE; held-out success before and after, and the real tool calls made while training."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from envace_gym.policy.transformers import TransformersPolicy
-    from envace_gym.training import trainer as trainer_module
-    from envace_gym.training.sft import sft_steps, tiny_start_model
-    from envace_gym.training.trainer import TrainerConfig, train
-
-    domain = learning_domain()
-    start = tiny_start_model(domain, workdir / "start", seed=seed)
-    sft_steps(start, domain, workdir / "sft", tasks=200, steps=SFT_STEPS, learning_rate=SFT_LR, seed=seed)
-    policy = TransformersPolicy(
-        AutoModelForCausalLM.from_pretrained(workdir / "sft"), AutoTokenizer.from_pretrained(workdir / "sft")
-    )
-    before = held_out_success(policy, domain)
-    config = TrainerConfig(
-        domain=domain, executor="rehearsal", reward="reference", on_invalid="feedback", tasks_per_step=4,
-        group_size=8, max_new_tokens=96, temperature=RL_TEMPERATURE, steps=RL_STEPS, learning_rate=RL_LR,
-        seed=seed, dtype="float32",
-    )  # fmt: skip
-    advantages = trainer_module.rolewise_advantages
-    if broken == "flip-advantage":
-        trainer_module.rolewise_advantages = lambda *a: [-x for x in advantages(*a)]
-    elif broken == "no-rehearse-rows":
-        trainer_module.rolewise_advantages = lambda g, roles, r: [
-            0.0 if role == "rehearse" else x for x, role in zip(advantages(g, roles, r), roles, strict=True)
+    advantages = trainer.rolewise_advantages
+    if kind == "flip-advantage":
+        return lambda *args: [-a for a in advantages(*args)]
+    if kind == "no-rehearse-rows":
+        return lambda groups, roles, rewards: [
+            0.0 if role == "rehearse" else a for a, role in zip(advantages(groups, roles, rewards), roles, strict=True)
         ]
-    try:
-        history = train(policy, config)
-    finally:
-        trainer_module.rolewise_advantages = advantages
-    return {
-        "before": before,
-        "after": held_out_success(policy, domain),
-        "real_tool_calls": sum(h["real_tool_calls"] for h in history),
-        "rows_rehearse": sum(h["rows_rehearse"] for h in history),
-    }
+    return advantages
 
 
-if __name__ == "__main__":
-    import tempfile
-
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--broken", choices=["flip-advantage", "no-rehearse-rows"], default=None)
+    parser.add_argument(
+        "--validation", action="store_true", help="score another task set (seed 1), not the held-out one"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--json", type=Path, default=None, help="also write every seed's record here")
     args = parser.parse_args()
-    for seed in args.seeds:
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory() as tmp:
-            got = learn(seed, Path(tmp), args.broken)
-        gain = got["after"] - got["before"]
-        print(f"seed {seed}: before {got['before']:.3f} after {got['after']:.3f} gain {gain:+.3f} "
-              f"real tool calls {got['real_tool_calls']} ({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+
+    import torch
+
+    from envace_gym.recipes.learning import learning_check
+    from envace_gym.training import trainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    intact = trainer.rolewise_advantages
+    trainer.rolewise_advantages = broken_advantages(args.broken)
+    records = []
+    try:
+        for seed in args.seeds:
+            with tempfile.TemporaryDirectory() as tmp:
+                got = learning_check(seed, tmp, domain_seed=1 if args.validation else None, log=print)
+            records.append(got)
+            print(f"seed {seed}: before {got['before']:.3f} after {got['after']:.3f} "
+                  f"gain {got['after'] - got['before']:+.3f}; real tool calls in training {got['real_tool_calls']}, "
+                  f"rehearse rows {got['rows_rehearse']} ({got['seconds']:.0f} s)", flush=True)  # fmt: skip
+    finally:
+        trainer.rolewise_advantages = intact
+    gains = [r["after"] - r["before"] for r in records]
+    print(f"{'validation' if args.validation else 'held-out'} tasks, broken: {args.broken or 'no'}; "
+          f"gain over {len(gains)} seeds: min {min(gains):+.3f}, mean {statistics.mean(gains):+.3f}, "
+          f"max {max(gains):+.3f}; after: min {min(r['after'] for r in records):.3f}")  # fmt: skip
+    if args.json:
+        report = {"broken": args.broken, "validation": args.validation, "records": records}
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
