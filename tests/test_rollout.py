@@ -207,7 +207,7 @@ def test_progress_callbacks_count_every_unit_of_work(tiny):
 
     seen.clear()
     evaluate(tiny, "bank", num_tasks=2, max_new_tokens=4, progress=lambda done, total: seen.append((done, total)))
-    assert seen == [(k, 6) for k in range(1, 7)]  # the three passes (real execution, fidelity twice) as one count
+    assert seen == [(k, 8) for k in range(1, 9)]  # the four passes (real execution, fidelity thrice) as one count
 
 
 def test_progress_bar_is_opt_in(tiny, capsys):

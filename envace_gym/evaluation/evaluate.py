@@ -91,7 +91,7 @@ def evaluate(
 
     With ``planner``, every committed Act turn is written after private rehearsal (:mod:`envace_gym.rollout.planner`);
     ``rehearsal_tokens`` and ``real_calls`` then say what the rehearsal cost and that it called no real tool.
-    ``progress``: ``True`` shows a bar per pass; a callable gets ``(done, total)`` over both passes' episodes.
+    ``progress``: ``True`` shows a bar per pass; a callable gets ``(done, total)`` over all its passes' episodes.
     """
     dom = make_domain(domain)
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])

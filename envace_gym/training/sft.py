@@ -333,8 +333,8 @@ def sft_steps(
 ) -> list[dict[str, float]]:
     """SFT in plain torch, the loop :mod:`envace_gym.training.trainer` uses for RL: ``steps`` AdamW steps at a
     constant rate, each on ``batch_size`` rows drawn (seeded) from the :func:`sft_rows` of the first ``tasks``
-    training tasks (of each domain, given several: demonstrations pooled from their tasks), loss = mean negative log-likelihood of the completion tokens (shared-prefix forward). The
-    model goes to ``output_dir``. With ``checkpoint`` (a file) the state is saved every ``checkpoint_every``
+    training tasks (of each domain, given several: their demonstrations pooled), loss = mean negative
+    log-likelihood of the completion tokens (shared-prefix forward). The model goes to ``output_dir``. With ``checkpoint`` (a file) the state is saved every ``checkpoint_every``
     steps and a cut-off run resumes from it. Returns one ``{"step", "loss"}`` per step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
