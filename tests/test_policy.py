@@ -137,3 +137,15 @@ def test_a_lora_adapter_folder_is_a_model_folder(tmp_path):
     check_model_source(str(tmp_path))  # a --lora checkpoint: transformers loads it through peft
     with pytest.raises(PolicyError, match="no config.json or adapter_config.json"):
         check_model_source(str(tmp_path / ".."))
+
+
+def test_the_vllm_backend_is_refused_clearly_where_it_cannot_run():
+    import importlib.util
+
+    with pytest.raises(PolicyError, match="backend must be one of"):
+        make_policy("tiny", backend="onnx")
+    with pytest.raises(PolicyError, match="loads a model by name"):
+        make_policy("tiny", backend="vllm")
+    if importlib.util.find_spec("vllm") is None:  # here; tests/test_vllm.py covers the engine where it exists
+        with pytest.raises(PolicyError, match=r"vLLM is not installed.*envace-gym\[vllm\]"):
+            make_policy("vllm:some-org/some-model")

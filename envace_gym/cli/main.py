@@ -141,7 +141,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     check_model_source(args.model)
     domain = make_domain(args.domain)  # an unknown domain fails before the model loads
-    policy = make_policy(args.model)
+    policy = make_policy(args.model, backend=args.backend)
     runs = []
     settings = [(None, 0, None)]
     if args.rehearse:
@@ -356,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--model", default=None,
         help="model folder or hub id; default: the embedded SmolLM2-135M; 'tiny' for a random test model",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--backend", default="transformers", choices=["transformers", "vllm"],
+        help="generate with transformers or a vLLM engine (the vllm extra; a model folder, hub id or the default)",
     )  # fmt: skip
     evaluate.add_argument("--split", default="test", choices=["train", "test"], help="which tasks to evaluate on")
     evaluate.add_argument("--num-tasks", type=int, default=50, help="the first N tasks of the split")

@@ -3,7 +3,8 @@
 :class:`Policy` is the small protocol the environment needs (:mod:`.protocol`, no torch): batched
 generation from token ids, returning completion ids and per-token log-probabilities.
 :class:`TransformersPolicy` implements it over any causal LM from ``transformers`` (:mod:`.transformers`,
-with KV reuse across turns in :mod:`.sessions`); :func:`make_policy` builds one from whatever a user passes
+with KV reuse across turns in :mod:`.sessions`), :class:`VLLMPolicy` over a vLLM engine (:mod:`.vllm`, the
+optional ``vllm`` extra); :func:`make_policy` builds one from whatever a user passes
 (:mod:`.factory`: ``None`` for the embedded default of :mod:`.default_model`, ``"tiny"`` for :mod:`.tiny`,
 a path or hub id, a ``(model, tokenizer)`` pair, or a Policy).
 
@@ -23,6 +24,7 @@ __getattr__ = lazy_exports(
     __name__,
     {
         "TransformersPolicy": ".transformers",
+        "VLLMPolicy": ".vllm",
         "check_model_source": ".transformers",
         "GenerationSession": ".sessions",
         "make_policy": ".factory",
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from .factory import make_policy
     from .sessions import GenerationSession
     from .transformers import TransformersPolicy, check_model_source
+    from .vllm import VLLMPolicy
 
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "Policy",
     "SamplingParams",
     "TransformersPolicy",
+    "VLLMPolicy",
     "check_model_source",
     "make_policy",
     "stop_token_ids",

