@@ -359,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     evaluate.add_argument(
         "--backend", default="transformers", choices=["transformers", "vllm"],
-        help="generate with transformers or a vLLM engine (the vllm extra; a model folder, hub id or the default)",
+        help="generate with transformers, or with a vLLM engine (the vllm extra; a model folder or hub id)",
     )  # fmt: skip
     evaluate.add_argument("--split", default="test", choices=["train", "test"], help="which tasks to evaluate on")
     evaluate.add_argument("--num-tasks", type=int, default=50, help="the first N tasks of the split")
