@@ -134,7 +134,7 @@ class RehearsalPlanner:
             gens = driver.generate([episodes[i].prompt_ids for i in plain], self.act_sampling, [keys[i] for i in plain])
             for i, gen in zip(plain, gens, strict=True):
                 kept[i] = gen
-            return [k for k in kept if k is not None]
+            return kept  # type: ignore[return-value]  # every slot is filled now
         prompts = [e.prompt_with_note(m)[0] for e, m in zip(episodes, self.last_memories, strict=True)]
         # The memory changes the prompt's middle, so these prompts continue no cached conversation; the session
         # still encodes the part they share with the forks (system prompt, tools, the conversation so far) once.
