@@ -54,9 +54,11 @@ test: install
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# The vLLM tests (tests/test_vllm.py), in their own venv: the CPU torch first, then vLLM, then the package.
+# The vLLM tests, in their own venv (the CPU torch first, then vLLM, then the package): the policy's, then
+# training's in a process of their own (after TRL's colocated engine, a plain engine no longer starts there).
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm tests/test_vllm.py $(PYTEST_ARGS)
+	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm tests/test_vllm_training.py $(PYTEST_ARGS)
 
 $(VLLM_VENV)/.installed: pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)

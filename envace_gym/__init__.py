@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _moved
 from ._lazy import lazy_exports
 from .domains import (
     Domain,
@@ -65,7 +64,6 @@ if TYPE_CHECKING:
     from .policy.transformers import TransformersPolicy
 
 
-_moved.install()
 register_envs()
 
 from .envs import register_builtin_domains  # noqa: E402  (after the core: domains build on it)

@@ -11,7 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
-from envace_gym.testing import tiny_policy, tiny_tokenizer  # noqa: E402
+from envace_gym.testing import tiny_model, tiny_policy, tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +34,16 @@ def tiny_path(tmp_path_factory):
     policy.model.save_pretrained(path)
     policy.tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_folder(tmp_path_factory):
+    """The tiny test model, wide enough for vLLM's CPU attention (head size >= 32), saved to a folder."""
+    folder = tmp_path_factory.mktemp("tiny-vllm")
+    tokenizer = tiny_tokenizer()
+    tiny_model(tokenizer, hidden_size=128, seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,5 @@
 """The package's layout holds: the import-layer contract, torch-free early stages, no private access across
-modules, and the old module paths of 0.1 still importable (docs/design.md, "Layout")."""
+modules, and the names each subpackage re-exports (docs/design.md, "Layout")."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import ast
 import importlib
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -96,8 +95,7 @@ def test_no_private_attribute_access_across_modules():
     assert not found, "private attributes of another module's classes:\n" + "\n".join(found)
 
 
-# The subpackages that took an old module's name re-export what it held (a sample per package: the names users
-# import); the other old paths are aliases of the modules they moved to.
+# The subpackages re-export the names users import from them (a sample per package).
 KEPT = {
     "envace_gym.tools": ["ToolCall", "ToolSchema", "ToolRegistry", "ValidationResult", "call_from_json"],
     "envace_gym.parsing": ["parse_act", "canonical_json", "call_key", "parse_execution_result", "Limits", "DEFAULT_LIMITS", "RESULT_CLOSE"],
@@ -120,34 +118,3 @@ def test_subpackages_keep_the_old_modules_names(package):
     assert not missing, f"{package} lost {missing}"
 
 
-def test_old_module_paths_alias_the_new_modules():
-    from envace_gym._moved import MOVED
-
-    for old, new in MOVED.items():
-        sys.modules.pop(old, None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new), old  # one module object: monkeypatch and isinstance agree
-        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
-    from envace_gym.trainer import TrainerConfig  # the from-import form too
-
-    assert TrainerConfig.__module__ == "envace_gym.training.trainer"
-
-
-def test_package_code_uses_no_old_path():
-    """The package itself imports only the new paths (the aliases are for users' code)."""
-    from envace_gym._moved import MOVED
-
-    found = []
-    for path, tree in _modules().items():
-        package = path[: -len(".py")].split("/")[:-1]
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.ImportFrom):
-                continue
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join(base + ([node.module] if node.module else []))
-            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
-            if any(name in MOVED for name in names):
-                found.append(f"{path}:{node.lineno} {module}")
-    assert not found, found

@@ -237,7 +237,7 @@ def test_trl_trainer_logprobs_and_gradients_equal_trls_own_forward(tiny_path, tm
         torch.testing.assert_close(ours[2][name], g, atol=2e-5 * max(1.0, float(g.abs().max())), rtol=1e-4, msg=name)
     # The real-tools baseline's trainer computes its log-probs the same way.
     mixin = envace_trl.SharedPrefixMixin._get_per_token_logps_and_entropies
-    assert envace_trl.RealToolsGRPOTrainer._get_per_token_logps_and_entropies is mixin
+    assert envace_trl.PackedGRPOTrainer._get_per_token_logps_and_entropies is mixin
 
 
 @pytest.mark.slow

@@ -34,7 +34,9 @@ from envace_gym import (
     parse_act,
     parse_execution_result,
 )
+from envace_gym import ToolSchema
 from envace_gym.env import RehearsalVectorEnv
+from envace_gym.errors import SchemaError
 from envace_gym.rollout import collect_rollouts
 from envace_gym.testing import ScriptedPolicy, tiny_policy
 from envace_gym.text import clean_value
@@ -112,6 +114,82 @@ def test_fuzz_parse_act(text):
         assert parsed.is_final_answer and parsed.content == text.strip()
     else:
         assert parsed.calls and all(isinstance(c.arguments, dict) for c in parsed.calls)
+
+
+# -- schemas from elsewhere: patterns of known catastrophic shapes, real ones, and ones RE2 refuses ----------
+CATASTROPHIC_PATTERNS = ["^(a+)+$", "^(a|a)*$", "^(a|aa)+$", "(x+x+)+y", r"^(\w+\s?)*$", "^(([a-z])+.)+[A-Z]([a-z])+$",
+                         r"^([a-zA-Z0-9])(([\-.]|[_]+)?([a-zA-Z0-9]+))*(@){1}[a-z0-9]+[.]{1}(([a-z]{2,3})|([a-z]{2,3}[.]{1}[a-z]{2,3}))$"]
+REAL_PATTERNS = ["^[A-Z]{3}$", r"^\d{4}-\d{2}-\d{2}$", "^[a-z0-9_]+$", r"^\+?[0-9 ()-]{7,20}$", "^(GET|POST|PUT)$"]
+REFUSED_PATTERNS = [r"^(a)\1$", "^(?=a)a", "(?<!x)y"]
+patterns = st.sampled_from(CATASTROPHIC_PATTERNS + REAL_PATTERNS + REFUSED_PATTERNS)
+hostile_strings = st.builds(lambda c, n, end: c * n + end, st.sampled_from(["a", "x", "ab", " ", "aA"]),
+                            st.integers(0, 40), st.sampled_from(["", "!", "y", "\ud800", "A"])) | texts  # fmt: skip
+leaf_schemas = st.one_of(
+    st.builds(lambda p: {"type": "string", "pattern": p}, patterns),
+    st.builds(lambda e: {"enum": e}, st.lists(json_scalars, min_size=1, max_size=4)),
+    st.builds(lambda t: {"type": t}, st.sampled_from(["string", "integer", "number", "boolean", "null", ["string", "null"]])),
+    st.builds(lambda lo: {"type": "integer", "minimum": lo}, st.integers(-5, 5)),
+    st.builds(lambda c: {"const": c}, json_scalars),
+)
+schemas = st.recursive(
+    leaf_schemas,
+    lambda sub: st.one_of(
+        st.builds(lambda props, extra: {"type": "object", "properties": props, "additionalProperties": extra},
+                  st.dictionaries(st.sampled_from(["a", "b", "name", "pattern", "x"]), sub, max_size=3), st.booleans()),
+        st.builds(lambda items: {"anyOf": items}, st.lists(sub, min_size=1, max_size=3)),
+        st.builds(lambda items: {"oneOf": items}, st.lists(sub, min_size=1, max_size=3)),
+        st.builds(lambda item: {"type": "array", "items": item}, sub),
+        st.builds(lambda p, item, extra: {"type": "object", "patternProperties": {p: item}, "additionalProperties": extra},
+                  patterns, sub, st.booleans()),
+        st.builds(lambda p: {"type": "object", "propertyNames": {"pattern": p}}, patterns),
+    ),
+    max_leaves=6,
+)  # fmt: skip
+hostile_values = st.recursive(
+    json_scalars | hostile_strings,
+    lambda v: st.lists(v, max_size=3) | st.dictionaries(hostile_strings | st.sampled_from(["a", "b", "name"]), v, max_size=3),
+    max_leaves=8,
+)
+SCHEMA_STEP_BOUND_S = 2.0  # the bound docs/reliability.md promises for one step's own work
+
+
+def _mentions(schema, bad):
+    return any(p in json.dumps(schema) for p in (json.dumps(b)[1:-1] for b in bad))
+
+
+def _same_dialect(value) -> bool:
+    """Where Python's re and JSON Schema's dialect (ECMA-262, which RE2 follows here) agree: ASCII text without
+    a newline (re's \\d and \\w match any Unicode digit or letter, and its $ matches before a final newline)."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text.isascii() and "\\n" not in text
+
+
+@pytest.mark.slow
+@settings(FUZZ, max_examples=1500)
+@given(parameters=schemas, arguments=st.lists(hostile_values, min_size=1, max_size=3))
+def test_fuzz_untrusted_schemas_end_in_a_verdict_or_a_typed_error_in_bounded_time(parameters, arguments):
+    """Generated schemas (nested objects, anyOf/oneOf, mixed-type enums, patterns of catastrophic shapes, real
+    ones and ones RE2 refuses) and adversarial arguments: building the schema gives a ToolSchema or a
+    SchemaError (exactly when it holds a refused pattern); every check ends within the bound in a verdict, and
+    the verdict is jsonschema's wherever jsonschema's own backtracking match can run too."""
+    CASES["untrusted schemas"] += 1
+    wrapped = {"type": "object", "properties": {"arg": parameters}}
+    try:
+        schema = ToolSchema("tool", "", wrapped)
+    except SchemaError as exc:
+        assert _mentions(parameters, REFUSED_PATTERNS), exc
+        return
+    assert not _mentions(parameters, REFUSED_PATTERNS)
+    reference = None if _mentions(parameters, CATASTROPHIC_PATTERNS) else jsonschema.Draft202012Validator(
+        {**wrapped, "additionalProperties": False}, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )  # fmt: skip
+    for value in arguments:
+        started = time.perf_counter()
+        error = schema.validate_arguments({"arg": value})
+        assert time.perf_counter() - started < SCHEMA_STEP_BOUND_S
+        assert error is None or error.code is ErrorCode.INVALID_PARAMETERS
+        if reference is not None and _same_dialect(value):
+            assert (error is None) == reference.is_valid({"arg": value}), (parameters, value)
 
 
 @pytest.mark.slow
@@ -424,12 +502,8 @@ def test_no_eval_exec_or_pickle_of_text_in_the_package():
                 code = line.split("#", 1)[0].strip()
                 if pattern.search(code):
                     found.add(f"{path.relative_to(root)}: {code}")
-    # The one allowed use: FolderDomain imports the user's own executor.py (their code, never model text); the
-    # loader of the 0.1 module paths names the hook it must have, which runs nothing (the module is the new one).
-    assert found == {
-        "envace_gym/domains/folder.py: spec.loader.exec_module(module)",
-        "envace_gym/_moved.py: def exec_module(self, module: ModuleType) -> None:",
-    }
+    # The one allowed use: FolderDomain imports the user's own executor.py (their code, never model text).
+    assert found == {"envace_gym/domains/folder.py: spec.loader.exec_module(module)"}
 
 
 def test_interleaved_vector_episodes_do_not_share_state():

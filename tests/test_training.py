@@ -14,6 +14,8 @@ from envace_gym.episode import Row
 from envace_gym.errors import TrainingConfigError
 from envace_gym.evaluation import evaluate
 from envace_gym.integrations import trl as envace_trl
+from envace_gym.integrations.trl import common, envace_grpo_trainer
+from envace_gym.integrations.trl import rollout_func as rollout_module
 from envace_gym.rollout import EpisodeResult, RolloutBatch, Sample
 from envace_gym.testing import ScriptedPolicy, tiny_policy
 from envace_gym.training import TrainerConfig, grpo_loss, rolewise_advantages, run_sft, sft_rows
@@ -182,8 +184,8 @@ def test_trl_role_wise_trainer_trains_both_roles(tiny_path, monkeypatch):
         log_completions=True, **CPU,
     )  # fmt: skip
     trainer = envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args, processing_class=tokenizer)
-    policy = envace_trl._policy_of(trainer)
-    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda _p, _d, ids, *a, **k: crafted_batch(policy, ids))
+    policy = common.trainer_policy(trainer)
+    monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda _p, _d, ids, *a, **k: crafted_batch(policy, ids))
     inputs = [
         {"prompt": "units/train/000"},
         {"prompt": "units/train/000"},
@@ -227,11 +229,11 @@ def envace_trainer(model_path, output_dir, reward_funcs=None, **settings):
 
 def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path, tmp_path, monkeypatch):
     trainer = envace_trainer(tiny_path, tmp_path, beta=0.1)
-    policy = envace_trl._policy_of(trainer)
+    policy = common.trainer_policy(trainer)
     ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
     batch = crafted_batch(policy, ids)
     batch.episodes[1].reward = None  # its verifier could not judge
-    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda *a, **k: batch)
     out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
     masked = torch.tensor([batch.episodes[s.episode].reward is None for s in batch.samples()])
     assert masked.any() and out["tool_mask"][masked].sum() == 0 and out["advantages"][masked].abs().sum() == 0
@@ -251,9 +253,9 @@ def test_trl_and_pure_torch_trainers_agree_on_a_batch_with_a_masked_episode(tiny
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
-    batch = crafted_batch(envace_trl._policy_of(trainer), ids)  # log-probs of the moved policy: on-policy
+    batch = crafted_batch(common.trainer_policy(trainer), ids)  # log-probs of the moved policy: on-policy
     batch.episodes[2].reward = None
-    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda *a, **k: batch)
     out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
     params = [p for p in trainer.model.parameters() if p.requires_grad]
 
@@ -286,8 +288,8 @@ def test_rollout_func_masks_the_tokens_of_a_masked_episode(tmp_path, monkeypatch
     ids = ["units/train/000", "units/train/001"]
     batch = crafted_batch(policy, ids)
     batch.episodes[0].reward = None
-    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
-    monkeypatch.setattr(envace_trl, "_policy_of", lambda trainer: policy)
+    monkeypatch.setattr(rollout_module, "collect_rollouts", lambda *a, **k: batch)
+    monkeypatch.setattr(rollout_module, "trainer_policy", lambda trainer: policy)
     out = envace_trl.make_rollout_func("units")(ids, SimpleNamespace(args=one_step_grpo_args(tmp_path, batch_size=2)))
     assert out["episode_reward"] == [None, 1.0]
     row = batch.episodes[1].episode_row
@@ -323,15 +325,16 @@ def test_trl_rollout_func_path(tiny_path, tmp_path):
     assert "rewards/envace_reward/mean" in trainer.state.log_history[0]
 
 
-def test_vllm_is_refused_clearly_before_any_rollout(tiny_path, tmp_path):
+def test_vllm_server_mode_is_refused_by_name_before_any_engine_or_rollout(tiny_path, tmp_path):
+    """Colocated vLLM trains (tests/test_vllm.py); trl vllm-serve cannot play episodes: refused, by name, before
+    any client connects (no server runs here) or any rollout is played."""
     from types import SimpleNamespace
 
-    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", use_vllm=True, **CPU)
-    with pytest.raises(ValueError, match="cannot generate with vLLM.*use_vllm=False"):
-        envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args)
+    with pytest.raises(ValueError, match="vllm_mode='server' \\(trl vllm-serve\\) is not supported.*colocate"):
+        envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", use_vllm=True, vllm_mode="server", **CPU)
     rollout_func = envace_trl.make_rollout_func("units")
-    with pytest.raises(ValueError, match="cannot generate with vLLM"):
-        rollout_func(["units/train/000"], SimpleNamespace(args=SimpleNamespace(use_vllm=True)))
+    with pytest.raises(ValueError, match="make_rollout_func's rollouts generates with vLLM in vllm_mode='colocate'"):
+        rollout_func(["units/train/000"], SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="server")))
 
 
 @pytest.mark.parametrize(
@@ -345,11 +348,13 @@ def test_vllm_is_refused_clearly_before_any_rollout(tiny_path, tmp_path):
 def test_grpo_settings_the_rollouts_would_ignore_are_refused_by_name(tiny_path, tmp_path, setting):
     from types import SimpleNamespace
 
-    args = envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", **setting, **CPU)
+    from trl import GRPOConfig
+
     name = next(iter(setting))
-    with pytest.raises(ValueError, match=f"does not apply {name}="):
-        envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args)
-    if name in envace_trl._UNUSED_BY_ROLLOUTS:  # GRPOTrainer applies the others itself on the rollout_func path
+    with pytest.raises(ValueError, match=f"does not apply {name}="):  # when the config is built, as TRL checks its own
+        envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", **setting, **CPU)
+    if name in common.UNUSED_BY_ROLLOUTS:  # GRPOTrainer applies the others itself on the rollout_func path
+        args = GRPOConfig(output_dir=str(tmp_path), **setting, **CPU)
         with pytest.raises(ValueError, match=f"does not apply {name}="):
             envace_trl.make_rollout_func("units")(["units/train/000"], SimpleNamespace(args=args))
 
@@ -364,8 +369,8 @@ def test_user_reward_funcs_add_to_the_domain_reward_with_their_weights(tiny_path
 
     trainer = envace_trainer(tiny_path, tmp_path, reward_funcs=[brevity], reward_weights=[1.0, 2.0])
     ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
-    batch = crafted_batch(envace_trl._policy_of(trainer), ids)  # domain rewards 0, 1, 0, 1
-    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    batch = crafted_batch(common.trainer_policy(trainer), ids)  # domain rewards 0, 1, 0, 1
+    monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda *a, **k: batch)
     out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
 
     (call,) = seen  # called once, with every episode's fields
@@ -398,9 +403,25 @@ def test_reward_funcs_and_weights_the_envace_trainer_cannot_apply_are_refused(ti
         return [0.0]
 
     # a list that places the domain's reward itself keeps its order, so the weights stay with their functions
-    funcs = envace_trl._with_domain_reward([mine, envace_trl.envace_reward], [0.5, 1.0])
+    funcs = envace_grpo_trainer._with_domain_reward([mine, envace_trl.envace_reward], [0.5, 1.0])
     assert funcs == [mine, envace_trl.envace_reward]
-    assert envace_trl._with_domain_reward([mine], None) == [envace_trl.envace_reward, mine]
+    assert envace_grpo_trainer._with_domain_reward([mine], None) == [envace_trl.envace_reward, mine]
+
+
+def test_real_tools_baseline_builds_dataset_environment_and_reward_from_one_domain():
+    kwargs = envace_trl.RealToolsBaseline("bank", reward="reference", size=3).trainer_kwargs()
+    assert sorted(kwargs) == ["environment_factory", "reward_funcs", "train_dataset"]
+    rows = list(kwargs["train_dataset"])
+    assert len(rows) == 3 and rows[0]["prompt"][1]["role"] == "user" and rows[0]["task_id"].startswith("bank/")
+    assert kwargs["environment_factory"].__name__ == "BankRealTools" and kwargs["reward_funcs"][0].__name__ == "bank_reward"
+
+
+def test_envace_settings_are_checked_when_the_config_is_built(tiny_path, tmp_path):
+    for name, value in (("rehearsal_mode", "parallel"), ("on_invalid", "ignore"), ("reward", "judge")):
+        with pytest.raises(TrainingConfigError, match=f"{name} must be one of"):
+            envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", **{name: value}, **CPU)
+    with pytest.raises(TrainingConfigError, match="needs an EnvACEGRPOConfig.*got GRPOConfig"):
+        envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=one_step_grpo_args(tmp_path, batch_size=2))
 
 
 @pytest.mark.slow
@@ -514,20 +535,20 @@ def test_sharded_parameters_are_refused_before_any_rollout(sharding, tmp_path, m
     with pytest.raises(TrainingConfigError, match=f"cannot generate from sharded parameters \\({name}\\)"):
         envace_trl.make_rollout_func("units")(["units/train/000"], SimpleNamespace(args=args))
     with pytest.raises(TrainingConfigError, match=name):
-        envace_trl._refuse_sharded(args, "EnvACEGRPOTrainer")
+        common.refuse_sharded(args, "EnvACEGRPOTrainer")
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     monkeypatch.setattr(args, "deepspeed_plugin", SimpleNamespace(zero_stage=2))
-    envace_trl._refuse_sharded(args, "EnvACEGRPOTrainer")  # ZeRO-2 keeps whole parameters on every rank
+    common.refuse_sharded(args, "EnvACEGRPOTrainer")  # ZeRO-2 keeps whole parameters on every rank
 
 
 def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_path, tmp_path, monkeypatch):
     trainer = envace_trainer(tiny_path, tmp_path)
     ids = ["units/train/000"] * 4  # the dataset held the task twice: two groups of G = 2, not one of 4
-    batch = crafted_batch(envace_trl._policy_of(trainer), ids)
+    batch = crafted_batch(common.trainer_policy(trainer), ids)
     for episode, reward in zip(batch.episodes, [0.0, 0.0, 1.0, 1.0], strict=True):
         episode.reward = reward
     batch.episodes[3].truncated = True
-    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda *a, **k: batch)
     out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
     assert out["advantages"].abs().sum() == 0  # each group's rewards are equal; one group of 4 would give ±0.5
 
@@ -542,10 +563,10 @@ def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_
 def test_eval_groups_follow_num_generations_eval(tiny_path, tmp_path, monkeypatch):
     trainer = envace_trainer(tiny_path, tmp_path, num_generations_eval=4, per_device_eval_batch_size=4)
     ids = ["units/train/000"] * 4  # in eval mode TRL repeats each prompt num_generations_eval times: one group
-    batch = crafted_batch(envace_trl._policy_of(trainer), ids)
+    batch = crafted_batch(common.trainer_policy(trainer), ids)
     for episode, reward in zip(batch.episodes, [0.0, 0.0, 1.0, 1.0], strict=True):
         episode.reward = reward
-    monkeypatch.setattr(envace_trl, "collect_rollouts", lambda *a, **k: batch)
+    monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda *a, **k: batch)
     assert not trainer.model.training
     out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
     assert sorted(set(out["advantages"].tolist())) == [-0.5, 0.5]  # one group of 4, not two of 2

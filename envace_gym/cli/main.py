@@ -66,6 +66,7 @@ def _parse_settings(cls: type, prog: str, argv: Sequence[str]) -> Any:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from ..policy.factory import make_policy
     from ..policy.transformers import check_model_source
     from ..recipes.demo import run_demo
 
@@ -74,7 +75,7 @@ def _demo(args: argparse.Namespace) -> int:
         domain=args.domain,
         episodes=args.episodes,
         act=args.act,
-        policy=args.model,
+        policy=args.model if args.backend == "transformers" else make_policy(args.model, backend=args.backend),
         seed=args.seed,
         on_invalid=args.on_invalid,
         max_new_tokens=args.max_new_tokens,
@@ -86,7 +87,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from ..policy.transformers import check_model_source
-    from ..recipes.bench import format_table, machine_line, run_bench
+    from ..recipes.bench import format_table, machine_line, run_backend_bench, run_bench
 
     check_model_source(args.model)
     if args.train:
@@ -99,9 +100,16 @@ def _bench(args: argparse.Namespace) -> int:
     for name in ("episodes", "max_new_tokens", "turns"):
         if getattr(args, name) is not None:
             sizes[name] = getattr(args, name)
-    measures = run_bench(
-        model=args.model, domain=args.domain, seed=args.seed, log=lambda m: print(m, flush=True), **sizes
-    )
+    if args.backend != "transformers":
+        sizes = {k: v for k, v in sizes.items() if k in ("episodes", "rehearsal_episodes", "max_new_tokens", "act_turns")}
+        measures = run_backend_bench(
+            model=args.model, backend=args.backend, domain=args.domain, seed=args.seed,
+            log=lambda m: print(m, flush=True), **sizes,
+        )  # fmt: skip
+    else:
+        measures = run_bench(
+            model=args.model, domain=args.domain, seed=args.seed, log=lambda m: print(m, flush=True), **sizes
+        )
     return _report(
         format_table(measures, f"Machine: {machine_line()}; model: {args.model or 'default (SmolLM2-135M)'}"), args.out
     )
@@ -313,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--rehearsal-mode", choices=["separate", "inline"], default="separate",
         help="separate: a fresh simulator prompt per call (the paper's, default); inline: the policy continues its own chat",
     )  # fmt: skip
+    demo.add_argument(
+        "--backend", default="transformers", choices=["transformers", "vllm"],
+        help="generate with transformers, or with a vLLM engine (the vllm extra)",
+    )  # fmt: skip
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser(
@@ -324,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a quick look",
     )
     bench.add_argument("--domain", default="bank", help="domain of the rollout measures (default: bank)")
+    bench.add_argument(
+        "--backend", default="transformers", choices=["transformers", "vllm"],
+        help="vllm: rollout tokens/s of a vLLM engine against transformers on the same episodes, instead",
+    )  # fmt: skip
     bench.add_argument(
         "--episodes",
         type=int,

@@ -15,6 +15,7 @@ turn, continuous batching 57 / 35 / 41 s (its CPU attention is dense over all re
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,12 @@ def _common_prefix(sequences: Sequence[Sequence[int]]) -> list[int]:
 class _Conversation:
     ids: list[int] = field(default_factory=list)  # tokens whose keys/values are stored
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer: (heads, len, dim)
+
+
+def cache_argument(model: Any) -> str:
+    """The name under which ``model`` takes a KV cache: ``cache`` since transformers 5.20, ``past_key_values``
+    before (vLLM pins an older transformers)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class GenerationSession:
@@ -161,7 +168,7 @@ class GenerationSession:
                 self.policy.model(
                     input_ids=torch.tensor([ids[lent:]], device=device),
                     attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=device),
-                    cache=cache,
+                    **{cache_argument(self.policy.model): cache},
                     use_cache=True,
                     logits_to_keep=1,
                 )

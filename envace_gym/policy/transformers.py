@@ -27,7 +27,7 @@ from transformers import (
 from ..errors import PolicyError
 from .precision import autocast
 from .protocol import Generation, SamplingParams
-from .sessions import GenerationSession
+from .sessions import GenerationSession, cache_argument
 from .tokens import stop_token_ids
 
 
@@ -231,7 +231,7 @@ class TransformersPolicy:
         )
         recorder = _LogprobRecorder(params.temperature)
         stopper = _StopStrings(self.tokenizer, params.stop, width) if params.stop else None
-        extra = {} if cache is None else {"cache": cache}
+        extra = {} if cache is None else {cache_argument(self.model): cache}
         devices = [device] if device.type == "cuda" else []
         with (
             torch.random.fork_rng(devices=devices, enabled=params.seed is not None),

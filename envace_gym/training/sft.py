@@ -36,7 +36,7 @@ from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
 from ..policy.precision import resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
 from .model_card import BaseModelCardMixin
-from .options import lora_config, train_top_layers, use_cpu
+from .options import checkpointing, lora_config, train_top_layers, use_cpu
 from .packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 from .state import load_state, save_state
 
@@ -293,7 +293,7 @@ def run_sft(
         report_to=report_to,
         use_cpu=cpu,
         bf16=bf16,
-        activation_checkpointing=gradient_checkpointing,
+        **checkpointing(gradient_checkpointing),
         seed=seed,
         dataset_kwargs={"skip_prepare_dataset": False},
     )

@@ -1,0 +1,44 @@
+"""World rehearsal in TRL's ``GRPOTrainer`` (trl >= 1.16), laid out as TRL lays out its trainers: a config
+module beside each trainer module.
+
+Three ways in, from least to most EnvACE:
+
+* :class:`RealToolsBaseline` — standard GRPO with a domain's **real** tools in TRL's own tool loop: its
+  dataset, ``environment_factory`` and reward, built together (``real_tools.py``); train it with
+  :class:`PackedGRPOTrainer`.
+* :func:`make_rollout_func` — a ``rollout_func`` that plays each prompt (a task id, already repeated G times
+  by TRL) as a world-rehearsal episode and returns one row per episode (``rollout_func.py``); rewards reach
+  TRL through :func:`envace_reward` (``None`` for a verifier that could not judge: TRL masks it).
+* :class:`EnvACEGRPOTrainer` + :class:`EnvACEGRPOConfig` — the paper's **role-wise GRPO** in ``separate``
+  mode: every Act turn and every rehearsal is its own row, A = R - mean(R of that role in the group)
+  (``envace_grpo_trainer.py``, ``envace_grpo_config.py``).
+
+Both trainers here compute their log-probabilities with the shared-prefix forward (``shared_prefix.py``),
+and with ``use_vllm=True`` generate with TRL's colocated engine, on vLLM's CPU backend too
+(``colocated_vllm.py``). The dataset of task ids is :func:`task_dataset` (``common.py``).
+"""
+
+from .colocated_vllm import ColocatedVLLMMixin
+from .common import task_dataset
+from .envace_grpo_config import EnvACEGRPOConfig
+from .envace_grpo_trainer import EnvACEGRPOTrainer
+from .packed_grpo_config import PackedGRPOConfig
+from .packed_grpo_trainer import PackedGRPOTrainer
+from .real_tools import RealToolsBaseline, real_tools_environment, real_tools_reward
+from .rollout_func import envace_reward, make_rollout_func
+from .shared_prefix import SharedPrefixMixin
+
+__all__ = [
+    "ColocatedVLLMMixin",
+    "EnvACEGRPOConfig",
+    "EnvACEGRPOTrainer",
+    "PackedGRPOConfig",
+    "PackedGRPOTrainer",
+    "RealToolsBaseline",
+    "SharedPrefixMixin",
+    "envace_reward",
+    "make_rollout_func",
+    "real_tools_environment",
+    "real_tools_reward",
+    "task_dataset",
+]

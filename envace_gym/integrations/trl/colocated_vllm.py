@@ -1,0 +1,98 @@
+"""Generating with TRL's colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``): what makes it train on
+vLLM's CPU backend too, the correction for sampling with other kernels than the trainer's, and the refusal of
+server mode for world-rehearsal rollouts."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from typing import Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from ...errors import TrainingConfigError
+
+
+def refuse_vllm_server(args: Any, what: str) -> None:
+    """An episode is many generations from growing token-id prompts, played in this process; ``trl vllm-serve``
+    answers one request at a time over HTTP and takes new weights over NCCL (GPUs only). Refused by name."""
+    if getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", "colocate") != "colocate":
+        raise TrainingConfigError(
+            f"{what} generates with vLLM in vllm_mode='colocate' only (an engine in this process, loaded with the "
+            f"trainer's weights once per optimizer step); vllm_mode={args.vllm_mode!r} (trl vllm-serve) is not "
+            "supported. Set vllm_mode='colocate', or use_vllm=False."
+        )
+
+
+def _on_vllm_cpu(args: Any) -> bool:
+    """Whether ``args`` asks for a colocated engine and vLLM runs on this machine's CPU."""
+    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate"):
+        return False
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+@contextlib.contextmanager
+def _cpu_kv_cache(args: Any):
+    """On vLLM's CPU backend ``vllm_gpu_memory_utilization`` is a share of the machine's memory for this whole
+    process (the trainer's model and optimizer included), so TRL's default can leave the engine no room at all;
+    unless the user set it (or ``VLLM_CPU_KVCACHE_SPACE``), the colocated engine gets a KV cache of its own size
+    (``VLLMPolicy``'s default), set while it starts."""
+    default = GRPOConfig.__dataclass_fields__["vllm_gpu_memory_utilization"].default
+    chosen = "VLLM_CPU_KVCACHE_SPACE" in os.environ or getattr(args, "vllm_gpu_memory_utilization", default) != default
+    if chosen or not _on_vllm_cpu(args):
+        yield
+        return
+    from ...policy.vllm import DEFAULT_KV_CACHE_GIB
+
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(round(DEFAULT_KV_CACHE_GIB))
+    try:
+        yield
+    finally:
+        del os.environ["VLLM_CPU_KVCACHE_SPACE"]
+
+
+def _sync_vllm_on_cpu(trainer: Any) -> None:
+    """TRL's colocated weight sync calls vLLM's per-parameter ``load_weights``, which vLLM's CPU backend cannot
+    take (it drops each linear layer's weight once repacked); there, sync through vLLM's in-place reload
+    instead (:func:`envace_gym.policy.vllm.load_weights`), with the parameters TRL's sync would send (LoRA
+    merged, names mapped)."""
+    if not _on_vllm_cpu(trainer.args):
+        return
+    from ...policy.vllm import load_weights
+
+    generation = trainer.vllm_generation
+    generation.sync_weights = lambda: load_weights(generation.llm, generation._iter_named_params())
+
+
+def importance_sampling_ratio(
+    trained: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor, args: Any
+) -> torch.Tensor:
+    """TRL's correction for sampling with vLLM (``vllm_importance_sampling_*``): the ratio between the trainer's
+    and the engine's probability of each sampled token, per token or per row (the product over the row),
+    truncated to or masked outside ``[clip_min, clip_max]``; tokens outside ``mask`` count as ratio 1."""
+    diff = torch.nan_to_num((trained - sampled) * mask, nan=0.0)
+    mode = args.vllm_importance_sampling_mode
+    ratio = torch.exp(diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff)
+    low, high = args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=low, max=high)
+    low = low if low is not None else -float("inf")
+    high = high if high is not None else float("inf")
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+class ColocatedVLLMMixin:
+    """For a ``GRPOTrainer`` subclass: ``use_vllm=True, vllm_mode="colocate"`` on vLLM's CPU backend too, where
+    TRL's engine would get no memory for its KV cache and TRL's weight sync fails (see :func:`_cpu_kv_cache`
+    and :func:`_sync_vllm_on_cpu`). Elsewhere TRL's own engine and sync, unchanged."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        config = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments.get("args")
+        with _cpu_kv_cache(config):
+            super().__init__(*args, **kwargs)
+        _sync_vllm_on_cpu(self)
+

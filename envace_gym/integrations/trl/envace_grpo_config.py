@@ -1,0 +1,63 @@
+"""``EnvACEGRPOConfig``: the settings of :class:`~envace_gym.integrations.trl.EnvACEGRPOTrainer`, the paper's
+defaults, and the settings it refuses, checked when the config is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
+from ...errors import TrainingConfigError
+from .colocated_vllm import refuse_vllm_server
+from .common import UNUSED_BY_ENVACE_TRAINER, refuse_sharded, refuse_unused
+from .packed_grpo_config import PackedGRPOConfig
+
+
+@dataclass
+class EnvACEGRPOConfig(PackedGRPOConfig):
+    """``GRPOConfig`` with the EnvACE settings; defaults follow the paper (docs/method.md).
+
+    ``scale_rewards="none"`` (A = R - mean, no std), ``delta=3.0`` (TRL's two-sided clipping caps the ratio of
+    negative-advantage tokens: the paper's dual-clip c = 3), ``loss_type="dapo"`` (token-mean over the batch),
+    ``use_bias_correction_kl=False`` (the paper's low-variance KL estimate, k3, when ``beta > 0``).
+    TRL's names stay TRL's: ``num_generations`` is G (``group_size`` in the package's own settings) and
+    ``max_completion_length`` the budget of each generation (``max_new_tokens``).
+    ``per_device_train_batch_size`` counts episodes (tasks x ``num_generations``); the number of training rows
+    each batch yields varies with the episodes.
+    """
+
+    # Parameters that control the rollouts
+    domain: str = field(default="bank", metadata={"help": "Domain to train on (name or folder)."})
+    rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (role-wise rows) or 'inline'."})
+    executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls in rollouts."})
+    on_invalid: str = field(default="terminate", metadata={"help": "'terminate' (reward 0) or 'feedback'."})
+    reward: str = field(
+        default="domain",
+        metadata={"help": "'domain' (the domain's score) or 'reference' (reference calls and answer facts, no tool run)."},
+    )
+    max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+
+    # Parameters whose default values are overridden from GRPOConfig (the paper's objective)
+    scale_rewards: str = field(default="none", metadata={"help": "No std normalization, as in the paper."})
+    delta: float | None = field(default=3.0, metadata={"help": "Dual-clip bound for negative advantages."})
+    loss_type: str = field(default="dapo", metadata={"help": "Token-mean over the batch."})
+    use_bias_correction_kl: bool = field(
+        default=False,
+        metadata={
+            "help": "The paper's low-variance KL (k3), as envace_gym.training.trainer has it; TRL's default (True) multiplies "
+            "it by the importance ratio, which changes the KL gradient even on-policy."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Checked here, as GRPOConfig checks its own settings: a run fails before any model or engine loads.
+        for name, value, allowed in (
+            ("rehearsal_mode", self.rehearsal_mode, REHEARSAL_MODES), ("on_invalid", self.on_invalid, ON_INVALID),
+            ("reward", self.reward, REWARDS),
+        ):  # fmt: skip
+            if value not in allowed:
+                raise TrainingConfigError(f"{name} must be one of {allowed}, got {value!r}")
+        refuse_vllm_server(self, "EnvACEGRPOTrainer")
+        refuse_unused(self, UNUSED_BY_ENVACE_TRAINER, "EnvACEGRPOTrainer")
+        refuse_sharded(self, "EnvACEGRPOTrainer")
+

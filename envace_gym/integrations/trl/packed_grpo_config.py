@@ -1,0 +1,42 @@
+"""``PackedGRPOConfig``: TRL's ``GRPOConfig`` with the shared-prefix forward's settings and CPU-aware defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from trl import GRPOConfig
+
+from ...policy.precision import resolve_dtype
+from ...training.packing import DEFAULT_PACK_TOKENS
+
+
+@dataclass
+class PackedGRPOConfig(GRPOConfig):
+    """``GRPOConfig`` with the shared-prefix forward's two settings (read by :class:`SharedPrefixMixin`), and two
+    defaults of its own: ``bf16`` unset means bfloat16 only where the hardware runs it faster
+    (:func:`envace_gym.policy.precision.resolve_dtype`; TRL's default is ``True``, which on a CPU without native
+    bfloat16 runs ~80x slower), and gradient checkpointing is off (TRL's default is on; the packs bound memory,
+    ``activation_checkpointing=True`` lowers it further at some cost in time)."""
+
+    # Parameters whose default values are overridden from GRPOConfig
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing (default: off)."}
+    )
+
+    # Parameters that control the shared-prefix forward (as `envace train --shared_prefix --pack_tokens`)
+    shared_prefix: bool = field(
+        default=True,
+        metadata={"help": "Encode the prefix that rows share once (exact; see envace_gym.training.packing)."},
+    )
+    pack_tokens: int = field(
+        default=DEFAULT_PACK_TOKENS,
+        metadata={"help": "Positions per packed forward; more packs than one are recomputed in the backward."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.bf16 is None and not self.fp16:
+            on_gpu = torch.cuda.is_available() and not self.use_cpu
+            self.bf16 = resolve_dtype("auto", "cuda" if on_gpu else "cpu") == torch.bfloat16
+        super().__post_init__()
+

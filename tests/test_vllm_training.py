@@ -1,0 +1,157 @@
+"""Training with TRL's colocated vLLM engine (``use_vllm=True``) on this machine's CPU: the engine generates
+the episodes, the trainer's weights reach it once per step (LoRA merged), TRL's sampling correction is applied,
+and ``envace train --use_vllm`` runs. Needs vLLM (``make test-vllm``). A process of its own: after TRL's
+engine has run, a plain ``VLLMPolicy`` engine no longer starts in the same process (tests/test_vllm.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from envace_gym import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+LOGPROB_TOLERANCE = 1e-2
+BF16_TOLERANCE = 5e-2  # TRL's engine serves a float32 checkpoint in bfloat16 (vLLM's "auto"): up to ~1.1e-2 measured
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_vllm_folder):
+    return AutoTokenizer.from_pretrained(tiny_vllm_folder)
+
+
+def _prompt(tokenizer, text="Convert 3 km to miles."):
+    chat = [{"role": "user", "content": text}]
+    rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def _fresh_logprobs(model, prompt, completion):
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt) + list(completion)])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0], logits
+
+
+def _length_reward(completions, **kwargs):
+    """Rewards that differ between episodes, so that advantages are not all 0 and a step changes the weights
+    (the untrained model earns no task reward)."""
+    return [float(len(str(c)) % 7) for c in completions]
+
+
+GRPO_ON_VLLM = dict(
+    use_vllm=True, vllm_mode="colocate", per_device_train_batch_size=4,
+    num_generations=4, max_completion_length=16, learning_rate=0.05, use_cpu=True, bf16=False, report_to="none",
+    save_strategy="no", seed=0, logging_steps=1,
+)  # fmt: skip
+
+
+def test_envace_trainer_trains_on_colocated_vllm_and_syncs_its_weights_each_step(tokenizer, tiny_vllm_folder, tmp_path):
+    """EnvACEGRPOTrainer with use_vllm=True: TRL's colocated engine generates every Act turn and rehearsal, the
+    trainer's weights are loaded into it once per optimizer step (after step 1, the engine scores a completion
+    as the step-1 weights do, not as the starting ones), and TRL's sampling correction is applied and logged."""
+    from transformers import TrainerCallback
+
+    from envace_gym.integrations.trl import EnvACEGRPOConfig, EnvACEGRPOTrainer
+
+    after_step = []
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            after_step.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    args = EnvACEGRPOConfig(
+        output_dir=str(tmp_path), domain="units", on_invalid="feedback", max_steps=2, **GRPO_ON_VLLM
+    )
+    trainer = EnvACEGRPOTrainer(
+        model=str(tiny_vllm_folder), args=args, reward_funcs=[_length_reward], callbacks=[Snapshot()],
+        processing_class=tokenizer,
+    )  # fmt: skip
+    syncs = []
+    sync = trainer.vllm_generation.sync_weights
+    trainer.vllm_generation.sync_weights = lambda: (syncs.append(trainer.state.global_step), sync())[-1]
+    trainer.train()
+
+    assert syncs == [0, 1]  # once per optimizer step, before its rollouts
+    logged = {k for entry in trainer.state.log_history for k in entry}
+    assert {"sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean"} <= logged
+    assert all(e["rows/act"] > 0 for e in trainer.state.log_history if "rows/act" in e)
+    # the engine now holds the weights of the end of step 1 (synced before step 2's rollouts)
+    policy = trainer._envace_policy
+    prompt = _prompt(tokenizer)
+    (gen,) = policy.generate([prompt], SamplingParams(max_new_tokens=12, temperature=1.0, seed=4))
+    step_one = AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32)
+    start = AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32)
+    step_one.load_state_dict(after_step[0])
+    synced, _ = _fresh_logprobs(step_one, prompt, gen.completion_ids)
+    stale, _ = _fresh_logprobs(start, prompt, gen.completion_ids)
+    assert torch.allclose(torch.tensor(gen.logprobs), synced, atol=BF16_TOLERANCE)
+    assert (torch.tensor(gen.logprobs) - stale).abs().max() > 10 * BF16_TOLERANCE  # 2.6 away (measured): it moved
+
+
+def test_lora_training_on_colocated_vllm_loads_the_merged_weights(tokenizer, tiny_vllm_folder, tmp_path):
+    """With LoRA adapters, the engine gets the base weights with the adapters merged in (TRL's parameter walk,
+    loaded through the CPU backend's reload): after a sync it scores a completion as the adapted model does."""
+    from peft import LoraConfig
+
+    from envace_gym.integrations.trl import EnvACEGRPOConfig, EnvACEGRPOTrainer
+
+    args = EnvACEGRPOConfig(
+        output_dir=str(tmp_path), domain="units", on_invalid="feedback", max_steps=1, **GRPO_ON_VLLM
+    )
+    trainer = EnvACEGRPOTrainer(
+        model=str(tiny_vllm_folder), args=args, reward_funcs=[_length_reward], processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )  # fmt: skip
+    trainer.train()
+    trainer.vllm_generation.sync_weights()  # the weights after the step (the trainer syncs before each step)
+    policy = trainer._envace_policy
+    prompt = _prompt(tokenizer)
+    (gen,) = policy.generate([prompt], SamplingParams(max_new_tokens=12, temperature=1.0, seed=4))
+    adapted = trainer.accelerator.unwrap_model(trainer.model)
+    with adapted.disable_adapter():
+        base, _ = _fresh_logprobs(adapted, prompt, gen.completion_ids)
+    merged, _ = _fresh_logprobs(adapted, prompt, gen.completion_ids)
+    engine = torch.tensor(gen.logprobs)
+    assert torch.allclose(engine, merged, atol=BF16_TOLERANCE)  # the adapted model's, within bfloat16 ...
+    assert (engine - base).abs().max() > 2 * BF16_TOLERANCE  # ... and not the base model's (0.41 away, measured)
+
+
+def test_a_rollout_func_run_trains_on_colocated_vllm(tokenizer, tiny_vllm_folder, tmp_path):
+    """make_rollout_func under a GRPOTrainer (the package's, whose weight sync also works on vLLM's CPU
+    backend): episodes generated by the colocated engine, TRL's own sampling correction on their log-probs."""
+    from trl import GRPOConfig
+
+    from envace_gym.integrations.trl import PackedGRPOTrainer, envace_reward, make_rollout_func, task_dataset
+
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, **GRPO_ON_VLLM)
+    trainer = PackedGRPOTrainer(
+        model=str(tiny_vllm_folder), reward_funcs=[envace_reward, _length_reward], args=args,
+        train_dataset=task_dataset("units"), processing_class=tokenizer,
+        rollout_func=make_rollout_func("units", rehearsal_mode="inline", on_invalid="feedback"),
+    )  # fmt: skip
+    trainer.train()
+    (entry, *_) = trainer.state.log_history
+    assert "sampling/importance_sampling_ratio/mean" in entry and entry["rewards/envace_reward/mean"] == 0.0
+
+
+def test_envace_train_use_vllm_trains_and_writes_its_summary(tiny_vllm_folder, tmp_path):
+    """``envace train --use_vllm``: a rehearsal run whose rollouts the colocated engine generates."""
+    import json
+
+    from envace_gym.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--mode", "rehearsal", "--model", str(tiny_vllm_folder), "--output_dir", str(out), "--domain", "units",
+            "--use_vllm", "--steps", "1", "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "12",
+            "--dtype", "float32"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert "sampling/importance_sampling_ratio/mean" in summary["last"] or any(
+        "sampling/importance_sampling_ratio/mean" in json.loads(line) for line in (out / "metrics.jsonl").open()
+    )
+    assert (out / "final" / "config.json").is_file()
