@@ -329,3 +329,31 @@ def test_reward_panel_widens_for_rewards_outside_zero_one():
     fig = curves_figure([{"step": 1, "reward": 1.8}, {"step": 2, "reward": -0.4}])
     low, high = fig.axes[0].get_ylim()
     assert low <= -0.4 and high >= 1.8  # weighted rewards are not clipped off the plot
+
+
+def test_a_run_whose_every_reward_is_masked_ends_with_its_plot_and_summary(tiny_path, tmp_path):
+    """A verifier that fails on every episode masks them all (reward None): the run still writes its model, a
+    plot that says so, and train_summary.json with the count (it crashed while drawing the plot before)."""
+    from envace_gym.domains.registry import make_domain, register_domain
+    from envace_gym.recipes.train import curves_figure
+
+    class VerifierDown(type(make_domain("units"))):
+        name = "verifier-down"
+
+        def score(self, task, trajectory):
+            raise RuntimeError("the verifier is down")
+
+    register_domain("verifier-down", VerifierDown, overwrite=True)
+    out = tmp_path / "masked"
+    argv = ["train", "--mode", "rehearsal", "--model", tiny_path, "--output_dir", str(out), *SMALL[2:],
+            "--steps", "2", "--domain", "verifier-down"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["masked_episodes"] == 2 * 1 * 2  # steps x tasks x group size: every episode
+    assert (out / "final" / "config.json").is_file()
+    assert summary["plot"] is None or Path(summary["plot"]).is_file()
+    # the figure copes with whatever a masked step logs for its reward: NaN, None or nothing
+    history = [{"step": 1, "reward": None, "loss": 0.0}, {"step": 2, "reward": float("nan"), "success": 0.0}]
+    pytest.importorskip("matplotlib")
+    figure = curves_figure(history, "masked")
+    assert "every episode's reward" in " ".join(t.get_text() for ax in figure.axes for t in ax.texts)

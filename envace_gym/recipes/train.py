@@ -377,12 +377,18 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "plot": plot,
         "num_processes": trainer.accelerator.num_processes,
         "seconds": time.perf_counter() - started,
+        # episodes whose verifier could not judge them (reward masked) in this run; None where TRL's loop scored them
+        "masked_episodes": getattr(trainer, "masked_episodes", None) if config.mode == "rehearsal" else None,
         "last": history[-1] if history else {},
     }
     if trainer.accelerator.is_main_process:
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     trainer.accelerator.wait_for_everyone()  # no process returns while the main one is still writing
     return summary
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> str | None:
@@ -412,14 +418,18 @@ def curves_figure(history: list[dict[str, Any]], title: str = "") -> Any:
         return None
     fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.4), layout="constrained", squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
-        points = [(h["step"], h[key]) for h in history if key in h and "step" in h]
+        # a step whose every episode was masked logs no reward (None or NaN): no point, and a note if none is left
+        points = [(h["step"], h[key]) for h in history if "step" in h and _is_number(h.get(key))]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        if not points:
+            ax.text(0.5, 0.5, "nothing to plot:\nevery episode's reward\nwas masked", ha="center", va="center",
+                    transform=ax.transAxes)  # fmt: skip
         ax.set_xlabel("optimizer step")
         ax.set_title(key)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # values as they are, no "+1e-3" offset
         if key in ("reward", "success"):  # [0, 1] (wider if weighted rewards leave it): runs stay comparable
-            values = [p[1] for p in points if p[1] == p[1]] or [0.0]
+            values = [p[1] for p in points] or [0.0]
             ax.set_ylim(min(-0.05, min(values) - 0.05), max(1.05, max(values) + 0.05))
         ax.grid(alpha=0.3)
     fig.suptitle(title)

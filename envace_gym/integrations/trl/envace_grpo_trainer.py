@@ -227,7 +227,9 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
         self._log_completions(batch, samples, rewards, groups, mode)
         metrics["episodes"].append(float(sum(gather_object([len(batch.episodes)]))))
         metrics["episode/turns"].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
-        metrics["episode/masked"].append(float(sum(gather_object([int(r is None) for r in rewards]))))
+        masked = sum(gather_object([int(r is None) for r in rewards]))
+        metrics["episode/masked"].append(float(masked))
+        self.masked_episodes = getattr(self, "masked_episodes", 0) + masked  # this run's, over all processes
         self._envace_batches = getattr(self, "_envace_batches", 0) + 1
         metrics["rollouts/batches_this_run"].append(float(self._envace_batches))  # restarts at 1 on --resume
         return output
