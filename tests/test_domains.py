@@ -12,6 +12,7 @@ import envace_gym  # noqa: F401  (registers the ids)
 from envace_gym import (
     Domain,
     DomainError,
+    ReferenceRecorder,
     RewardResult,
     TaskNotFoundError,
     ToolCall,
@@ -226,6 +227,25 @@ class CounterTools(ToolExecutor):
             raise ToolFailure("only forward")
         self.state["value"] = self.state.get("value", 0) + by
         return {"value": self.state["value"]}
+
+
+class NameTools(ToolExecutor):
+    @tool
+    def register(self, name: str, tool: str) -> dict:
+        """Register a user and their tool.
+
+        Args:
+            name: The user's name.
+            tool: Their tool.
+        """
+        return {"registered": name, "tool": tool}
+
+
+def test_reference_recorder_takes_tools_whose_parameters_are_called_name_or_tool():
+    recorder = ReferenceRecorder(NameTools())
+    assert recorder.call("register", name="Ana", tool="saw") == {"registered": "Ana", "tool": "saw"}
+    (turn,) = recorder.turns
+    assert turn.calls[0].name == "register" and turn.calls[0].arguments == {"name": "Ana", "tool": "saw"}
 
 
 def write_folder(tmp_path, with_executor: bool = True):

@@ -158,11 +158,12 @@ class ReferenceRecorder:
         self._turns: list[ReferenceTurn] = []
         self._pending: list[tuple[ToolCall, Any]] = []
 
-    def call(self, name: str, *, same_turn: bool = False, **arguments: Any) -> Any:
-        """Run and record one call. Each call is its own Act turn unless ``same_turn`` (parallel calls)."""
+    def call(self, tool: str, /, *, same_turn: bool = False, **arguments: Any) -> Any:
+        """Run and record one call of ``tool``. Each call is its own Act turn unless ``same_turn`` (parallel
+        calls). The tool's name is positional-only, so a tool may have a parameter called ``name`` or ``tool``."""
         if not same_turn:
             self.end_turn()
-        call = ToolCall(name, arguments)
+        call = ToolCall(tool, arguments)
         result = self.executor.execute(call)
         self._pending.append((call, result))
         return result
