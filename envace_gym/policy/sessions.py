@@ -15,6 +15,7 @@ turn, continuous batching 57 / 35 / 41 s (its CPU attention is dense over all re
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -50,8 +51,13 @@ class _Conversation:
 
 def cache_argument(model: Any) -> str:
     """The name under which ``model`` takes a KV cache: ``cache`` since transformers 5.20, ``past_key_values``
-    before (vLLM pins an older transformers)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    before (vLLM pins an older transformers). Read once per model class: every generate call asks."""
+    return _cache_argument(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_argument(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 class GenerationSession:
