@@ -91,6 +91,15 @@ class TaskNotFoundError(DomainError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class TaskTooLongError(EnvACEError, ValueError):
+    """A task's opening prompt does not fit the policy's context (with room for one Act turn), or is longer than
+    the environment's observation space: it cannot be played, so it is never handed out."""
+
+    def __init__(self, task_id: str, message: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
 class TrainingConfigError(EnvACEError, ValueError):
     """A trainer was given settings it cannot apply (it refuses them rather than silently ignoring them)."""
 

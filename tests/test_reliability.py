@@ -7,6 +7,7 @@ the session, for docs/reliability.md).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import time
@@ -40,6 +41,7 @@ from envace_gym.errors import SchemaError
 from envace_gym.rollout import collect_rollouts
 from envace_gym.testing import ScriptedPolicy, tiny_policy
 from envace_gym.text import clean_value
+from envace_gym.tools.budget import StepBudget
 
 CASES: Counter[str] = Counter()
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], database=None)
@@ -130,6 +132,8 @@ leaf_schemas = st.one_of(
     st.builds(lambda t: {"type": t}, st.sampled_from(["string", "integer", "number", "boolean", "null", ["string", "null"]])),
     st.builds(lambda lo: {"type": "integer", "minimum": lo}, st.integers(-5, 5)),
     st.builds(lambda c: {"const": c}, json_scalars),
+    st.just({"type": "array", "uniqueItems": True}),  # jsonschema's compares unsortable items pairwise
+    st.just({"type": "string", "format": "regex"}),  # jsonschema's compiles the argument with re
 )
 schemas = st.recursive(
     leaf_schemas,
@@ -149,8 +153,17 @@ hostile_values = st.recursive(
     json_scalars | hostile_strings,
     lambda v: st.lists(v, max_size=3) | st.dictionaries(hostile_strings | st.sampled_from(["a", "b", "name"]), v, max_size=3),
     max_leaves=8,
-)
+) | st.builds(lambda depth, leaf: functools.reduce(lambda inner, _: [inner], range(depth), leaf), st.integers(10, 30),
+              json_scalars)  # deep lists: what a $ref recursing through anyOf explores branch by branch  # fmt: skip
 SCHEMA_STEP_BOUND_S = 2.0  # the bound docs/reliability.md promises for one step's own work
+CHECK_BUDGET_S = 0.05  # Limits.max_check_seconds in the fuzz (1 s by default): a short one keeps the fuzz quick
+
+
+def _recursing(parameters):
+    """``parameters`` at the bottom of a ``$ref`` that recurses through ``anyOf``: exponential in the depth of the
+    argument for an exhaustive validator."""
+    branch = {"type": "array", "items": {"$ref": "#/$defs/r"}}
+    return {"$ref": "#/$defs/r"}, {"r": {"anyOf": [branch, {**branch, "minItems": 0}, parameters]}}
 
 
 def _mentions(schema, bad):
@@ -166,29 +179,37 @@ def _same_dialect(value) -> bool:
 
 @pytest.mark.slow
 @settings(FUZZ, max_examples=1500)
-@given(parameters=schemas, arguments=st.lists(hostile_values, min_size=1, max_size=3))
-def test_fuzz_untrusted_schemas_end_in_a_verdict_or_a_typed_error_in_bounded_time(parameters, arguments):
-    """Generated schemas (nested objects, anyOf/oneOf, mixed-type enums, patterns of catastrophic shapes, real
-    ones and ones RE2 refuses) and adversarial arguments: building the schema gives a ToolSchema or a
-    SchemaError (exactly when it holds a refused pattern); every check ends within the bound in a verdict, and
-    the verdict is jsonschema's wherever jsonschema's own backtracking match can run too."""
+@given(parameters=schemas, recursing=st.booleans(), arguments=st.lists(hostile_values, min_size=1, max_size=3))
+def test_fuzz_untrusted_schemas_end_in_a_verdict_or_a_typed_error_in_bounded_time(parameters, recursing, arguments):
+    """Generated schemas (nested objects, anyOf/oneOf, mixed-type enums, uniqueItems, format: regex, patterns of
+    catastrophic shapes, real ones and ones RE2 refuses, sometimes under a $ref recursing through anyOf) and
+    adversarial arguments: building the schema gives a ToolSchema or a SchemaError (exactly when it holds a
+    refused pattern); every check ends within the bound in a verdict or LIMIT_EXCEEDED (the step's check
+    budget), and the verdict is jsonschema's wherever jsonschema's own validator can run too."""
     CASES["untrusted schemas"] += 1
     wrapped = {"type": "object", "properties": {"arg": parameters}}
+    if recursing:
+        arg, defs = _recursing(parameters)
+        wrapped = {"type": "object", "properties": {"arg": arg}, "$defs": defs}
     try:
         schema = ToolSchema("tool", "", wrapped)
     except SchemaError as exc:
         assert _mentions(parameters, REFUSED_PATTERNS), exc
         return
     assert not _mentions(parameters, REFUSED_PATTERNS)
-    reference = None if _mentions(parameters, CATASTROPHIC_PATTERNS) else jsonschema.Draft202012Validator(
+    slow_for_jsonschema = recursing or _mentions(parameters, CATASTROPHIC_PATTERNS)
+    reference = None if slow_for_jsonschema or '"regex"' in json.dumps(parameters) else jsonschema.Draft202012Validator(
         {**wrapped, "additionalProperties": False}, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
     )  # fmt: skip
     for value in arguments:
         started = time.perf_counter()
-        error = schema.validate_arguments({"arg": value})
+        with StepBudget(CHECK_BUDGET_S):
+            error = schema.validate_arguments({"arg": value})
         assert time.perf_counter() - started < SCHEMA_STEP_BOUND_S
-        assert error is None or error.code is ErrorCode.INVALID_PARAMETERS
-        if reference is not None and _same_dialect(value):
+        assert error is None or error.code in (ErrorCode.INVALID_PARAMETERS, ErrorCode.LIMIT_EXCEEDED)
+        if error is not None and error.code is ErrorCode.LIMIT_EXCEEDED:
+            CASES["untrusted schemas: budget spent"] += 1
+        elif reference is not None and _same_dialect(value):
             assert (error is None) == reference.is_valid({"arg": value}), (parameters, value)
 
 

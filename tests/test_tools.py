@@ -7,6 +7,7 @@ import pytest
 
 from envace_gym import ErrorCode, SchemaError, ToolCall, ToolRegistry, ToolSchema, UnknownToolError
 from envace_gym.tools import normalize_bfcl_schema
+from envace_gym.tools.budget import bounded
 from envace_gym.tools.patterns import linear_time
 
 
@@ -178,8 +179,8 @@ def test_returns_schema_checks_results():
 def test_validators_are_compiled_once():
     schema = registry()["get_weather"]
     assert schema._arguments_validator is schema._arguments_validator
-    # Draft 2020-12, with its regex keywords on RE2 (envace_gym.tools.patterns)
-    assert type(schema._arguments_validator) is linear_time(jsonschema.Draft202012Validator)
+    # Draft 2020-12, its regex keywords on RE2 (tools/patterns.py), stopping when the step's budget is spent (tools/budget.py)
+    assert type(schema._arguments_validator) is bounded(linear_time(jsonschema.Draft202012Validator))
 
 
 def test_registry_errors_and_export(tokenizer):

@@ -182,6 +182,8 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"  mean reward        {result.mean_reward:.3f}")
         if result.masked_episodes:
             print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them)")
+        if result.skipped_tasks:
+            print(f"  skipped tasks      {result.skipped_tasks} (their opening prompt does not fit the context)")
         if result.rehearsals:
             print(f"  rehearsals         {result.rehearsals} (of reference calls)")
             print(f"  parse              {result.parsed:.3f}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import logging
+
 import gymnasium as gym
 
 from ..domains.domain import Domain
@@ -12,8 +14,8 @@ from ..domains.registry import make_domain
 from ..domains.task import Task
 from ..episode.driver import Actor, EpisodeDriver, StepCoroutine, open_session
 from ..episode.episode import Episode
-from ..episode.types import MAX_USER_TURNS, EpisodeConfig
-from ..errors import EnvACEError
+from ..episode.types import MAX_OBSERVATION_CHARS, MAX_USER_TURNS, EpisodeConfig
+from ..errors import EnvACEError, TaskTooLongError
 from ..parsing.act import Limits
 from ..policy.factory import make_policy
 from ..policy.protocol import Generation, Policy, SamplingParams
@@ -21,7 +23,7 @@ from ..rehearsal.prompt import RehearsalConfig
 from .spaces import ActText, AnyText
 
 DEFAULT_DOMAIN = "bank"
-MAX_OBSERVATION_CHARS = 1_000_000
+logger = logging.getLogger(__name__)
 
 
 class RehearsalEnv(gym.Env[str, str]):
@@ -46,7 +48,9 @@ class RehearsalEnv(gym.Env[str, str]):
     the task's tools. It is safe to tokenize: a special-token string that the conversation holds as plain
     text is broken by a zero-width space, in the ids too, so tokenizing the observation gives the episode's
     ids exactly when the Act turns were passed as text (``env.unwrapped.episode.prompt_ids`` are the ids
-    in any case). ``info["messages"]`` holds the same conversation as OpenAI-style messages.
+    in any case). ``info["messages"]`` holds the same conversation as OpenAI-style messages. At most
+    ``MAX_OBSERVATION_CHARS`` (1,000,000) characters: a message that would pass it is not kept and the episode
+    ends (``truncation="context"``), as one past the policy's context does.
 
     ## Rewards
 
@@ -59,13 +63,15 @@ class RehearsalEnv(gym.Env[str, str]):
 
     A task from ``options={"task": ...}`` (an id such as ``"bank/042"`` or a :class:`Task`), else one drawn
     from the split with ``self.np_random``. The conversation starts with the domain's system prompt and
-    the task's first user message.
+    the task's first user message. A task whose opening prompt does not fit the policy's context (with room
+    for one Act turn) or the observation space is never handed out: asked for, it raises
+    :class:`~envace_gym.errors.TaskTooLongError`; drawn, it is skipped (and kept in ``unfit_tasks``).
 
     ## Episode End
 
     Terminated: a final answer when no scripted user turn is left, or (``on_invalid="terminate"``) an
     invalid call. Truncated: ``max_turns`` Act turns, ``max_user_turns`` user turns, or the next prompt
-    not fitting the policy's context.
+    not fitting the policy's context or the observation space.
 
     ## Info
 
@@ -152,6 +158,7 @@ class RehearsalEnv(gym.Env[str, str]):
         self.observation_space = AnyText(MAX_OBSERVATION_CHARS)
         self._episode: Episode | None = None
         self._act_generation: Generation | None = None
+        self.unfit_tasks: set[str] = set()  # ids of tasks too long to play, skipped when drawing
 
     # -- policy ---------------------------------------------------------------------------------------
     @property
@@ -198,19 +205,37 @@ class RehearsalEnv(gym.Env[str, str]):
 
     # -- Gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode: the task of ``options["task"]``, else one drawn from the split with ``np_random``
+        among those whose opening prompt fits (:attr:`unfit_tasks` counts the others).
+
+        Raises:
+            TaskTooLongError: The task asked for does not fit the policy's context or the observation space.
+        """
         super().reset(seed=seed)
-        task = self._resolve_task((options or {}).get("task"))
+        chosen = (options or {}).get("task")
         tokenizer, max_context = self._tokenizer_and_context()
-        self._episode = Episode(
-            self.domain,
-            task,
-            self.config,
-            tokenizer,
-            self.np_random,
-            max_context=max_context,
-            act_max_new_tokens=self.act_sampling.max_new_tokens,
-            key=id(self),
-        )
+        while True:
+            task = self._resolve_task(chosen)
+            if chosen is None and task.id in self.unfit_tasks:
+                continue  # drawn again as when it was first found too long: a seed always gives the same task
+            try:
+                self._episode = Episode(
+                    self.domain,
+                    task,
+                    self.config,
+                    tokenizer,
+                    self.np_random,
+                    max_context=max_context,
+                    act_max_new_tokens=self.act_sampling.max_new_tokens,
+                    key=id(self),
+                    max_observation_chars=self.observation_space.max_length,
+                )
+                break
+            except TaskTooLongError as exc:
+                if chosen is not None:
+                    raise
+                logger.warning("%s; drawing another task", exc)
+                self.unfit_tasks.add(task.id)
         if self._session is not None:
             self._session.forget([id(self)])  # the last episode's cache is of no further use
         self._act_generation = None
@@ -274,6 +299,11 @@ class RehearsalEnv(gym.Env[str, str]):
             return self.domain.task(task, self.split)
         if task is not None:
             raise EnvACEError(f"options['task'] must be a task id or a Task, got {type(task).__name__}")
+        if self.unfit_tasks and len(self.unfit_tasks) >= len(self.domain.tasks(self.split)):
+            raise TaskTooLongError(
+                "", f"no {self.split!r} task of domain {self.domain.name!r} fits the policy's context or the "
+                f"observation space ({len(self.unfit_tasks)} tried)",
+            )  # fmt: skip
         return self.domain.sample_task(self.np_random, self.split)
 
 

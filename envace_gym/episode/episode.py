@@ -38,17 +38,18 @@ from ..domains.domain import Domain
 from ..domains.reward import RewardResult, score_reference
 from ..domains.task import Task
 from ..domains.trajectory import CallRecord, Trajectory
-from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, ToolError
+from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, TaskTooLongError, ToolError
 from ..parsing.act import RESULT_OPEN, parse_execution_result, parse_result_json
 from ..parsing.formats import tool_call_format
 from ..policy.protocol import Generation
 from ..rehearsal.prompt import rehearsal_messages, rehearsal_prompt
 from ..rehearsal.routing import choose_route
 from ..text import clean_text
+from ..tools.budget import StepBudget
 from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
 from .chat import ChatFormat
-from .types import CallState, EpisodeConfig, GenerationRequest, Row, StepOutcome
+from .types import MAX_OBSERVATION_CHARS, CallState, EpisodeConfig, GenerationRequest, Row, StepOutcome
 
 logger = logging.getLogger("envace_gym")
 
@@ -76,6 +77,12 @@ class Episode:
             budget; one that replays text can reserve 0, since a text turn that does not fit ends the
             episode (``truncation="context"``) when it arrives.
         key: Names this conversation for KV-cache reuse (see :mod:`envace_gym.policy.sessions`).
+        max_observation_chars: The longest the conversation's text (the observation) may grow: a message that
+            would make it longer is not kept and ends the episode (``truncation="context"``).
+
+    Raises:
+        TaskTooLongError: The task's opening prompt does not fit: with ``act_max_new_tokens`` (at least one) left
+            for the Act turn in ``max_context``, and in ``max_observation_chars``.
     """
 
     def __init__(
@@ -89,9 +96,11 @@ class Episode:
         max_context: int = 8192,
         act_max_new_tokens: int = 512,
         key: Hashable | None = None,
+        max_observation_chars: int = MAX_OBSERVATION_CHARS,
     ) -> None:
         self.domain, self.task, self.config, self.tokenizer, self.rng = domain, task, config, tokenizer, rng
         self.max_context, self.act_max_new_tokens, self.key = max_context, act_max_new_tokens, key
+        self.max_observation_chars = max_observation_chars
         self.chat = ChatFormat.of(tokenizer)
         self.tool_format = tool_call_format(
             tokenizer, config.tool_call_format, self.chat.generation_prompt, self.chat.end_texts
@@ -114,7 +123,9 @@ class Episode:
         ]
         # The conversation as ids: rendered and tokenized once here, then only appended to.
         self.prompt_text = self.chat.render(self._for_chat(self.messages), self.tools_openai)
+        self._refuse_if_too_long(tokens=0)  # by its characters first: a text of any length is not tokenized
         self.prompt_ids: list[int] = self.chat.encode(self.prompt_text)
+        self._refuse_if_too_long(tokens=len(self.prompt_ids))
         self.initial_prompt_ids = tuple(self.prompt_ids)
         self._ids: list[int] = []  # everything after the initial prompt ...
         self._logprobs: list[float] = []
@@ -136,6 +147,27 @@ class Episode:
         self.done = False
         self.scored = True  # False for imagined episodes: their outcome is for the agent to judge, not the verifier
         self.reward_result: RewardResult | None = None
+        self._budget = StepBudget(config.limits.max_check_seconds)  # renewed by each step
+        self._overflowed = False  # a message did not fit the observation: the episode ends for context
+
+    def _refuse_if_too_long(self, tokens: int) -> None:
+        chars, reserve = len(self.prompt_text), max(self.act_max_new_tokens, 1)
+        if chars > self.max_observation_chars:
+            why = f"its opening prompt is {chars} characters, past the observation space's {self.max_observation_chars}"
+        elif tokens + reserve > self.max_context:
+            why = (f"its opening prompt is {tokens} tokens and the policy's context holds {self.max_context}, "
+                   f"{reserve} of them kept for the Act turn")  # fmt: skip
+        else:
+            return
+        raise TaskTooLongError(
+            self.task.id, f"task {self.task.id!r} cannot be played: {why}; shorten it or use a model with a longer "
+            "context (collectors, SFT and evaluation skip such tasks and count them)",
+        )  # fmt: skip
+
+    def _fits(self, tokens: int, chars: int) -> bool:
+        """Whether ``tokens`` ids showing ``chars`` characters can join the conversation."""
+        return (len(self.prompt_ids) + tokens <= self.max_context
+                and len(self.prompt_text) + chars <= self.max_observation_chars)  # fmt: skip
 
     # -- views ----------------------------------------------------------------------------------------
     def observation(self) -> str:
@@ -217,16 +249,20 @@ class Episode:
         info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
         if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
             action = self.chat.act_view(act.completion_ids, self.tool_format.act_tokens)
-        parsed = self.tool_format.parse(action, self.config.limits, self._parameters)
+        # Parsing, validation, routing and result checks share one time budget (Limits.max_check_seconds).
+        self._budget = StepBudget(self.config.limits.max_check_seconds)
+        with self._budget:
+            parsed = self.tool_format.parse(action, self.config.limits, self._parameters)
         # A text turn ends as the template ends the message that follows it (GLM: <|observation|> before a tool
         # message, the error of a malformed call included).
         answered_by_tool = bool(parsed.calls) or (parsed.error is not None and self.chat.error_role == "tool")
         ids, logprobs = self._act_ids(action, act, answered_by_tool)
-        if len(self.prompt_ids) + len(ids) > self.max_context:  # the turn itself does not fit: nothing of it is kept
+        shown = self.chat.display(ids)
+        if not self._fits(len(ids), len(shown)):  # the turn itself does not fit: nothing of it is kept
             info["truncation"], info["act"] = "context", None
             return self._finish(info, terminated=False)
         self.turn += 1
-        self._record_act(ids, logprobs, act, info)
+        self._record_act(ids, shown, logprobs, act, info)
         calls = [replace(c, id=f"call_{self.turn}_{i}") for i, c in enumerate(parsed.calls)]
         text = action[: self.config.limits.max_action_chars] if isinstance(action, str) else ""
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -252,8 +288,9 @@ class Episode:
 
         # Validate every call before answering any: an invalid call ends the turn cheaply.
         states = [CallState(call) for call in calls]
-        for state in states:
-            state.error = self.registry.validate(state.call, self.whitelist).error
+        with self._budget:
+            for state in states:
+                state.error = self.registry.validate(state.call, self.whitelist).error
         invalid = [s.error for s in states if s.error is not None]
         if invalid and self.config.on_invalid == "terminate":
             self.records += [
@@ -287,7 +324,8 @@ class Episode:
     def _answer_without_model(self, state: CallState) -> None:
         """Route one valid call; answer it now unless it goes to the Rehearse role."""
         call = state.call
-        hit, cached = self.cache.lookup(call) if self.cache is not None else (False, None)
+        with self._budget:
+            hit, cached = self.cache.lookup(call) if self.cache is not None else (False, None)
         state.route = choose_route(self.config.executor, self.rng, self.config.p_real, hit)
         if state.route == "cache":
             state.response = cached
@@ -326,8 +364,9 @@ class Episode:
             for state, gen in zip(todo, generations, strict=True):
                 call = state.call
                 text = (RESULT_OPEN + "\n" if cfg.prefill else "") + gen.text
-                read = parse_execution_result(text, self.config.limits)
-                error = read.error or self.registry[call.name].validate_result(read.result)
+                with self._budget:
+                    read = parse_execution_result(text, self.config.limits)
+                    error = read.error or self.registry[call.name].validate_result(read.result)
                 self._record_rehearsal(call, attempt, gen, error, info)
                 self.rows.append(
                     Row("rehearse", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
@@ -385,8 +424,9 @@ class Episode:
                 (gen,) = yield [GenerationRequest(tuple(self.prompt_ids), params, self.key)]
                 content, rest, error = self._read_inline(gen, closing, after)
                 if error is None:
-                    read = parse_result_json(content, self.config.limits)
-                    error = read.error or self.registry[call.name].validate_result(read.result)
+                    with self._budget:
+                        read = parse_result_json(content, self.config.limits)
+                        error = read.error or self.registry[call.name].validate_result(read.result)
                 self._record_rehearsal(call, attempt, gen, error, info)
                 retry = error is not None and error.code is ErrorCode.RESULT_SCHEMA_MISMATCH
                 if not (retry and attempt < cfg.returns_resamples):
@@ -478,7 +518,9 @@ class Episode:
         ids += self.chat.encode(self.chat.act_end(calls))
         return ids, [0.0] * len(ids)
 
-    def _record_act(self, ids: list[int], logprobs: list[float], act: Generation | None, info: dict[str, Any]) -> None:
+    def _record_act(
+        self, ids: list[int], shown: str, logprobs: list[float], act: Generation | None, info: dict[str, Any]
+    ) -> None:
         prompt = tuple(self.prompt_ids)
         if act is not None:
             self.rows.append(Row("act", prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
@@ -488,7 +530,7 @@ class Episode:
             "logprobs": logprobs if act is not None else None,
             "generated": act is not None,
         }
-        self._append_ids(ids, self.chat.display(ids), logprobs, trained=True)
+        self._append_ids(ids, shown, logprobs, trained=True)
         self._turn_open = not ids or ids[-1] not in self.chat.stop_ids
 
     def _append_ids(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
@@ -511,13 +553,17 @@ class Episode:
             self._turn_open = False
 
     def _add_messages(self, messages: list[dict[str, Any]], calls: list[ToolCall] = ()) -> None:  # type: ignore[assignment]
-        """Append tool or user messages after the Act turn that made ``calls``, as messages and as ids."""
-        self.messages += messages
+        """Append tool or user messages after the Act turn that made ``calls``, as messages and as ids; messages
+        whose text would take the observation past ``max_observation_chars`` are not kept and end the episode."""
         # The template sees the calls' names (gpt-oss names a tool message's author by them), never their arguments.
         named = [
             {"type": "function", "function": {"name": self.chat.neutralize(c.name), "arguments": {}}} for c in calls
         ]
         end, rest = self.chat.suffix(self._for_chat(messages), named)
+        if not self._fits(0, len(end) + len(rest)):  # (its tokens are counted once encoded, by _continue)
+            self._overflowed = True
+            return
+        self.messages += messages
         self._close_turn(end)
         self._append_text(rest)
 
@@ -586,7 +632,7 @@ class Episode:
         if self.turn >= self.max_turns or self.user_turns > self.config.max_user_turns:
             info["truncation"] = "max_turns" if self.turn >= self.max_turns else "max_user_turns"
             return self._finish(info, terminated=False)
-        if len(self.prompt_ids) + self.act_max_new_tokens > self.max_context:
+        if self._overflowed or len(self.prompt_ids) + self.act_max_new_tokens > self.max_context:
             info["truncation"] = "context"
             return self._finish(info, terminated=False)
         return self._outcome(0.0, False, False, info)

@@ -18,6 +18,7 @@ ON_INVALID = ("terminate", "feedback")
 REWARDS = ("domain", "reference")
 REHEARSAL_MODES = ("separate", "inline")
 MAX_USER_TURNS = 30  # the default of every entry point that plays episodes
+MAX_OBSERVATION_CHARS = 1_000_000  # the bound of RehearsalEnv's observation space: no conversation grows past it
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ class EvalResult:
     mean_reward: float
     executor: str = "real"  # "cached" for a domain without real tools (reference results, else rehearsal)
     masked_episodes: int = 0  # the verifier (or judge) could not score them: out of mean_reward, never successes
+    skipped_tasks: int = 0  # too long for the policy's context (TaskTooLongError): not played, not in `episodes`
     real_calls: int = 0  # calls that reached the real executor (the committed ones)
     act_tokens: int = 0  # tokens of the committed Act turns
     rehearsal_tokens: int = 0  # tokens spent in private rehearsal (0 without a planner)
@@ -112,6 +113,7 @@ def evaluate(
         mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),  # nothing scored: no mean, not 0
         executor=executor,
         masked_episodes=len(real.episodes) - len(rewards),
+        skipped_tasks=int(real.stats["skipped_tasks"]),
         per_task=[
             {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns} for e in real.episodes
         ],
@@ -152,7 +154,9 @@ def _fidelity(
         act_sampling=act_sampling, seed=seed, progress=progress,
     )  # fmt: skip
     total = parsed = schema_ok = equal = 0
-    for task, episode in zip(tasks, rehearsed.episodes, strict=True):
+    by_id = {task.id: task for task in tasks}  # a task too long to play has no episode
+    for episode in rehearsed.episodes:
+        task = by_id[episode.task_id]
         shadow = dom.make_executor(task)
         recorded = ReferenceCache(task.reference_pairs())  # the truth when there are no real tools
         for record in episode.calls:

@@ -30,12 +30,23 @@ class Limits:
         max_calls_per_turn: Most tool calls in one Act turn.
         max_json_chars: Longest single JSON document (a call block or a result).
         max_json_depth: Deepest nesting of arrays/objects in a call or a result.
+        max_check_seconds: Most seconds one step spends parsing, validating and routing its calls and checking
+            rehearsed results (generations and real executors aside); a check still running then ends in
+            ``LIMIT_EXCEEDED`` (:mod:`envace_gym.tools.budget`). ``None``: no bound.
     """
 
     max_action_chars: int = 32_768
     max_calls_per_turn: int = 16
     max_json_chars: int = 16_384
     max_json_depth: int = 32
+    max_check_seconds: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_action_chars", "max_calls_per_turn", "max_json_chars", "max_json_depth"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.max_check_seconds is not None and not self.max_check_seconds > 0:
+            raise ValueError(f"Limits.max_check_seconds must be positive or None, got {self.max_check_seconds!r}")
 
 
 DEFAULT_LIMITS = Limits()

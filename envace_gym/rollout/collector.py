@@ -12,6 +12,7 @@ per episode (role ``"episode"``) whose mask marks both roles' tokens.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,12 +26,14 @@ from ..domains.task import Task
 from ..episode.driver import Actor, EpisodeDriver, open_session
 from ..episode.episode import Episode
 from ..episode.types import MAX_USER_TURNS, EpisodeConfig, Row
+from ..errors import TaskTooLongError
 from ..parsing.act import DEFAULT_LIMITS, Limits
 from ..policy.protocol import Policy, SamplingParams
 from ..progress import Progress, ProgressReporter
 from ..rehearsal.prompt import RehearsalConfig
 
 ACT_SOURCES = ("policy", "reference")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ def collect_rollouts(
     actor: Actor | None = None,
     simulator: Policy | None = None,
     progress: Progress = False,
+    unfit: str = "skip",
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
 
@@ -137,11 +141,16 @@ def collect_rollouts(
             paper's ablation in which only the Act role learns.
         progress: ``True`` (or a label) shows a bar of finished episodes with the generation round; a callable
             is called as ``progress(done, total)`` each time an episode finishes (:mod:`envace_gym.progress`).
+        unfit: A task whose opening prompt does not fit the policy's context (with the Act turn's budget) or
+            the observation space: ``"skip"`` it with a warning, counted in ``stats["skipped_tasks"]`` (its
+            group is absent from the batch), or ``"raise"`` its :class:`~envace_gym.errors.TaskTooLongError`.
     """
     if act not in ACT_SOURCES:
         raise ValueError(f"act must be one of {ACT_SOURCES}, got {act!r}")
     if group_size < 1:
         raise ValueError(f"group_size must be at least 1, got {group_size}")
+    if unfit not in ("skip", "raise"):
+        raise ValueError(f"unfit must be 'skip' or 'raise', got {unfit!r}")
     if simulator is not None and rehearsal_mode != "separate":
         raise ValueError("a separate simulator rehearses in rehearsal_mode='separate' only (inline: the policy's own chat)")
     domain = make_domain(domain)
@@ -160,23 +169,34 @@ def collect_rollouts(
     )
     rng = np.random.default_rng(seed)
     resolved = [t if isinstance(t, Task) else domain.task(t) for t in tasks]
-    episodes = [
-        Episode(
-            domain,
-            task,
-            config,
-            policy.tokenizer,
-            np.random.default_rng([seed, g, k]),
-            max_context=policy.max_context,
-            act_max_new_tokens=act_sampling.max_new_tokens if act == "policy" else 0,  # text turns need no reserve
-            key=g * group_size + k,
-        )
-        for g, task in enumerate(resolved)
-        for k in range(group_size)
-    ]
+    episodes: list[Episode] = []
+    groups: list[int] = []  # each episode's task, as its index in `tasks`
+    skipped: list[str] = []
+    for g, task in enumerate(resolved):
+        try:
+            group = [
+                Episode(
+                    domain,
+                    task,
+                    config,
+                    policy.tokenizer,
+                    np.random.default_rng([seed, g, k]),
+                    max_context=policy.max_context,
+                    act_max_new_tokens=act_sampling.max_new_tokens if act == "policy" else 0,  # text turns: no reserve
+                    key=len(episodes) + k,  # an episode's key is its index in `episodes`
+                )
+                for k in range(group_size)
+            ]
+        except TaskTooLongError as exc:
+            if unfit == "raise":
+                raise
+            logger.warning("%s: skipped", exc)
+            skipped.append(task.id)
+            continue
+        episodes += group
+        groups += [g] * group_size
     session = open_session(policy) if reuse_kv else None
     driver = EpisodeDriver(policy, rng, session, simulator)
-    groups = [g for g in range(len(resolved)) for _ in range(group_size)]
     results: list[EpisodeResult | None] = [None] * len(episodes)
     live = list(range(len(episodes)))
     started, act_calls, act_tokens, rounds = time.perf_counter(), 0, 0, 0
@@ -215,6 +235,7 @@ def collect_rollouts(
         "mean_reward": float(np.mean([e.reward for e in done if e.reward is not None] or [0.0])),
         "success_rate": float(np.mean([e.success for e in done] or [0.0])),
         "masked_episodes": sum(e.reward is None for e in done),  # the verifier could not judge them
+        "skipped_tasks": len(skipped),  # too long to play (TaskTooLongError)
         "kv_reused_tokens": getattr(session, "reused_tokens", 0),
         "kv_computed_tokens": getattr(session, "computed_tokens", 0),
     }

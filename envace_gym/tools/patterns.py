@@ -9,7 +9,7 @@ Python's ``re``, which backtracks: ``^(a+)+$`` against 34 ``a`` and a ``!`` take
   (backreferences, lookaround), a ``$ref`` that points outside the schema (nothing is ever retrieved) and
   ``unevaluatedProperties`` beside ``patternProperties`` (jsonschema would match those keys with ``re``);
 * :func:`linear_time` gives a jsonschema validator class whose ``pattern``, ``patternProperties`` and
-  ``additionalProperties`` match with RE2;
+  ``additionalProperties`` match with RE2, and whose ``format: regex`` asks whether RE2 can compile the text;
 * :data:`LOCAL_REFERENCES` is the only registry validators resolve ``$ref`` against: the JSON Schema
   metaschemas, with no retrieval (jsonschema's default fetches unknown URLs over the network).
 """
@@ -144,12 +144,28 @@ def _additional_properties(validator: Any, extra: Any, instance: Any, schema: An
             yield jsonschema.ValidationError(f"Additional properties are not allowed ({listed} unexpected)")
 
 
+def _is_regex(instance: Any) -> bool:
+    if isinstance(instance, str):  # model text: compiled uncached, so no argument stays in memory
+        re2.compile(clean_text(instance), _options())
+    return True
+
+
+def _linear_formats(checker: jsonschema.FormatChecker) -> jsonschema.FormatChecker:
+    """``checker`` with ``format: regex`` decided by RE2 (jsonschema's compiles the argument with ``re``)."""
+    formats = jsonschema.FormatChecker(())
+    formats.checkers = dict(checker.checkers)
+    if "regex" in formats.checkers:
+        formats.checkers["regex"] = (_is_regex, re2.error)
+    return formats
+
+
 @lru_cache(maxsize=None)
 def linear_time(cls: type) -> type:
     """``cls`` (a jsonschema validator class) with its regex keywords matched by RE2."""
     return jsonschema.validators.extend(
         cls,
         {"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties},
+        format_checker=_linear_formats(cls.FORMAT_CHECKER),
     )
 
 

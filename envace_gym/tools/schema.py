@@ -24,6 +24,7 @@ from jsonschema.exceptions import best_match
 
 from ..errors import ErrorCode, SchemaError, ToolError, UnknownToolError
 from ..text import strict_loads
+from .budget import BudgetExceeded, bounded, check_deadline
 from .patterns import LOCAL_REFERENCES, PatternError, check_patterns, linear_time
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
@@ -97,8 +98,9 @@ def _check_schema(schema: Any, what: str, tool: str) -> None:
 
 
 def _compile(schema: Mapping[str, Any]) -> jsonschema.protocols.Validator:
-    """A validator whose regexes run on RE2 and whose ``$ref`` never leaves the schema (tools/patterns.py)."""
-    cls = linear_time(jsonschema.validators.validator_for(schema, default=_DEFAULT_VALIDATOR))
+    """A validator whose regexes run on RE2, whose ``$ref`` never leaves the schema (tools/patterns.py) and which
+    stops when the step's check budget is spent (tools/budget.py)."""
+    cls = bounded(linear_time(jsonschema.validators.validator_for(schema, default=_DEFAULT_VALIDATOR)))
     return cls(schema, format_checker=cls.FORMAT_CHECKER, registry=LOCAL_REFERENCES)
 
 
@@ -243,10 +245,15 @@ class ToolSchema:
         return self
 
     def validate_arguments(self, arguments: Any) -> ToolError | None:
-        """``None`` when ``arguments`` satisfies the schema, else an ``INVALID_PARAMETERS`` error."""
-        if self._arguments_fast_check(arguments):  # no error objects built on the common path
-            return None
-        errors = sorted(self._arguments_validator.iter_errors(arguments), key=lambda e: list(e.path))
+        """``None`` when ``arguments`` satisfies the schema, else an ``INVALID_PARAMETERS`` error (a
+        ``LIMIT_EXCEEDED`` one when the step's check budget runs out first: :mod:`envace_gym.tools.budget`)."""
+        try:
+            check_deadline()
+            if self._arguments_fast_check(arguments):  # no error objects built on the common path
+                return None
+            errors = sorted(self._arguments_validator.iter_errors(arguments), key=lambda e: list(e.path))
+        except BudgetExceeded as exc:
+            return self._over_budget("arguments", exc)
         if not errors:  # the fast check is never laxer than jsonschema; never stricter either, but be safe
             return None
         return _schema_error(best_match(errors), ErrorCode.INVALID_PARAMETERS, self.name, errors)
@@ -254,10 +261,22 @@ class ToolSchema:
     def validate_result(self, result: Any) -> ToolError | None:
         """``None`` when there is no ``returns`` schema or ``result`` satisfies it."""
         validator = self._returns_validator
-        if validator is None or validator.is_valid(result):
-            return None
-        errors = list(validator.iter_errors(result))
+        try:
+            if validator is None or validator.is_valid(result):
+                return None
+            errors = list(validator.iter_errors(result))
+        except BudgetExceeded as exc:
+            return self._over_budget("result", exc)
         return _schema_error(best_match(errors), ErrorCode.RESULT_SCHEMA_MISMATCH, self.name, errors)
+
+    def _over_budget(self, what: str, exc: BudgetExceeded) -> ToolError:
+        return ToolError(
+            ErrorCode.LIMIT_EXCEEDED,
+            f"checking the {what} of {self.name!r} against its schema ran past the step's budget of "
+            f"{exc.seconds:g} s (Limits.max_check_seconds)",
+            {"tool": self.name, "limit": "max_check_seconds", "value": exc.seconds},
+            source="registry",
+        )
 
     # -- constructors -------------------------------------------------------------------------------
     @classmethod

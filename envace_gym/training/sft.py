@@ -32,6 +32,7 @@ from ..episode.chat import ChatFormat
 from ..episode.driver import EpisodeDriver
 from ..episode.episode import Episode
 from ..episode.types import EpisodeConfig
+from ..errors import TaskTooLongError
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
 from ..policy.precision import resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
@@ -56,7 +57,8 @@ def sft_rows(
 ) -> list[dict[str, Any]]:
     """Pre-tokenized SFT rows (``input_ids``, ``completion_mask``, ``role``, ``task_id``) from reference replays.
 
-    Rows longer than ``max_length`` tokens are dropped (never cut: a cut row would teach a cut turn).
+    Rows longer than ``max_length`` tokens are dropped (never cut: a cut row would teach a cut turn); a task whose
+    opening prompt alone is longer (8,192 tokens without ``max_length``) is skipped, with a warning that counts them.
     """
     dom = make_domain(domain)
     unknown = set(roles) - set(ROLES)
@@ -69,12 +71,19 @@ def sft_rows(
     replay = EpisodeDriver.without_policy(_REPLAY_GENERATES)
     chat = ChatFormat.of(tokenizer)
     rows: list[dict[str, Any]] = []
+    too_long: list[str] = []
     for task in tasks:
         task = task if isinstance(task, Task) else dom.task(task)
         if config.executor == "cached" and any(r is None for turn in task.reference for r in turn.results):
             logger.warning("sft: task %s skipped: a reference call has no recorded result to replay", task.id)
             continue
-        episode = Episode(dom, task, config, tokenizer, np.random.default_rng(0), act_max_new_tokens=0)  # text turns
+        try:
+            episode = Episode(dom, task, config, tokenizer, np.random.default_rng(0), max_context=max_length or 8192,
+                              act_max_new_tokens=0)  # text turns: nothing reserved  # fmt: skip
+        except TaskTooLongError as exc:
+            logger.warning("sft: %s: skipped", exc)
+            too_long.append(task.id)
+            continue
         for turn in task.reference:
             action = episode.reference_action(turn)  # the model family's own call syntax
             if "act" in roles:  # the row, as the episode tokenizes the text turn, through the turn's end token
@@ -93,6 +102,8 @@ def sft_rows(
             (outcome,) = replay.play([episode], [action])
             if outcome.terminated or outcome.truncated:
                 break
+    if too_long:
+        logger.warning("sft: %d task(s) skipped, their opening prompt too long to play: %s", len(too_long), too_long)
     if max_length is not None:
         rows = [r for r in rows if len(r["input_ids"]) <= max_length]
     return rows

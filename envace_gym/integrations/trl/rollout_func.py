@@ -49,7 +49,7 @@ def make_rollout_func(
         batch = collect_rollouts(
             policy, dom, task_ids(prompts), 1, executor=executor, rehearsal_mode=rehearsal_mode,
             act_sampling=act, rehearsal=rehearsal, on_invalid=on_invalid, max_turns=max_turns,
-            seed=int(torch.randint(2**31, (1,)).item()),
+            seed=int(torch.randint(2**31, (1,)).item()), unfit="raise",  # TRL needs one row per prompt
         )  # fmt: skip
         rows = [_ended_row(e, policy.stop_ids) for e in batch.episodes]
         return {
