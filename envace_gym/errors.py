@@ -12,8 +12,12 @@ Two kinds live here and they never mix:
 from __future__ import annotations
 
 import enum
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+_PACKAGE = Path(__file__).resolve().parent
 
 
 class ErrorCode(str, enum.Enum):
@@ -50,19 +54,30 @@ class ToolError:
         details: Machine-readable context (JSON-serialisable).
         source: Which layer produced it: ``"parser"``, ``"registry"``, ``"rehearsal"``, ``"executor"`` or
             ``"environment"``.
+        origin: For a bug in a domain's own code (a tool that raised), ``file:line (function)`` where it raised:
+            for the domain's author, in :meth:`to_dict` (``info``), never in the payload the agent sees.
     """
 
     code: ErrorCode
     message: str
     details: dict[str, Any] = field(default_factory=dict)
     source: str = "parser"
+    origin: str | None = None
 
     def to_payload(self) -> dict[str, Any]:
         """The ``{"error_tool_call": {...}}`` object the conversation shows as the tool's response."""
         return {"error_tool_call": {"code": self.code.value, "message": self.message, "details": self.details}}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code.value, "message": self.message, "details": self.details, "source": self.source}
+        out = {"code": self.code.value, "message": self.message, "details": self.details, "source": self.source}
+        return out if self.origin is None else {**out, "origin": self.origin}
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """``file:line (function)`` of the last frame of ``exc``'s traceback outside this package: where the domain
+    author's own code raised; ``None`` when it did not pass through such code."""
+    theirs = [f for f in traceback.extract_tb(exc.__traceback__) if not Path(f.filename).resolve().is_relative_to(_PACKAGE)]
+    return f"{theirs[-1].filename}:{theirs[-1].lineno} ({theirs[-1].name})" if theirs else None
 
 
 class EnvACEError(Exception):

@@ -141,3 +141,39 @@ def test_bash_blocks_name_real_commands_flags_and_files(block, tmp_path, monkeyp
 @pytest.mark.parametrize("block", blocks("json"), ids=str)
 def test_json_blocks_parse(block):
     json.loads(block.code)
+
+
+def _table_names(page: str, heading: str) -> set[str]:
+    """The backticked names in the first column of the first table after ``heading`` in ``page``."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    table = re.search(r"\n((?:\|.*\|\n)+)", text[text.index(heading) :]).group(1)
+    return {name for row in table.splitlines()[2:] for name in re.findall(r"`([\w.]+)`", row.split("|")[1])}
+
+
+def test_the_info_table_names_every_key_an_episode_reports():
+    """docs/environment.md's `info` table against what reset, a step and two endings (one whose score raises)
+    actually put in info."""
+    import gymnasium as gym
+
+    from envace_gym import ToolCall
+    from envace_gym.testing import ScriptedPolicy
+
+    seen: set[str] = set()
+    for score_raises in (False, True):
+        env = gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=ScriptedPolicy([]), executor="real")
+        if score_raises:
+            env.unwrapped.domain.score = lambda task, trajectory: 1 / 0
+        seen |= set(env.reset(seed=0, options={"task": "bank/000"})[1])
+        seen |= set(env.step(ToolCall("find_accounts", {"owner": "Nobody"}).to_text())[4])
+        seen |= set(env.step("Done.")[4])
+    assert "reward_error" in seen and seen <= _table_names("docs/environment.md", "## `info`"), seen
+
+
+def test_the_trajectory_table_is_the_trajectory():
+    """docs/domains.md documents what a reward reads: every field of Trajectory (and valid_calls), no other."""
+    from dataclasses import fields
+
+    from envace_gym.domains import Trajectory
+
+    documented = _table_names("docs/domains.md", "What `score` reads")
+    assert documented == {f.name for f in fields(Trajectory)} | {"valid_calls"}

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -24,6 +25,7 @@ from envace_gym import (
     tool,
 )
 from envace_gym.domains import LazyTasks, Task, check_split
+from envace_gym.domains.check import check_domain
 from envace_gym.testing import ScriptedPolicy
 from envace_gym.tools import canonical_json
 
@@ -357,6 +359,29 @@ FOLDER_MISTAKES = {
         lambda f: (f / "tools.json").write_text(json.dumps({"tools": [{"name": "increment", "inputSchema": {}}]})),
         r"tools.json: holds an object with a 'tools' key \(an MCP tools/list result\); write the list itself",
     ),
+    "a misspelt key in tools.json (the tool would load with no arguments)": (
+        lambda f: (f / "tools.json").write_text(
+            (f / "tools.json").read_text().replace('"parameters"', '"paramaters"')
+        ),
+        r"tools.json: tool 0 \('increment'\): tool 'increment': unknown key 'paramaters'; did you mean 'parameters'\?",
+    ),
+    "a required name no property defines": (
+        lambda f: (f / "tools.json").write_text(
+            (f / "tools.json").read_text().replace('"required": ["by"]', '"required": ["bye"]')
+        ),
+        r"tools.json: tool 'increment': parameters requires \['bye'\], which its properties do not define \(and no "
+        r"other property is allowed, so no call can pass\); 'bye': did you mean 'by'\?",
+    ),
+    "a reference call that breaks its own schema": (
+        lambda f: _rewrite_task(f, reference=[{"calls": [{"name": "increment", "arguments": {"by": "2"}}],
+                                               "results": [{"value": 2}]}]),  # fmt: skip
+        r"tasks.jsonl:1: task 'counter/1': reference turn 0 calls 'increment', which fails validation: .*'2' is not "
+        r"of type 'integer'",
+    ),
+    "a reward.py without a score function": (
+        lambda f: (f / "reward.py").write_text("def reward(task, trajectory):\n    return 1.0\n"),
+        r"reward.py must define a function score\(task, trajectory\)",
+    ),
     "an MCP tool spelled input_schema": (
         lambda f: (f / "tools.json").write_text(
             json.dumps([{"name": "increment", "input_schema": {"type": "object"}}])
@@ -439,3 +464,188 @@ def test_a_reference_turn_needs_one_result_per_call(tmp_path):
     _rewrite_task(folder, reference=[{"calls": [{"name": "increment", "arguments": {"by": 2}}], "results": []}])
     with pytest.raises(DomainError, match="reference turn 0 has 1 call\\(s\\) and 0 result\\(s\\)"):
         make_domain(folder)
+
+
+# -- the domain check, the reward contract, late errors (docs/domains.md) -------------------------------------
+PHARMACY = '''
+from envace_gym import GeneratedDomain, ReferenceRecorder, Task, ToolExecutor, tool
+
+
+class PharmacyTools(ToolExecutor):
+    @tool
+    def dispense(self, drug: str) -> dict:
+        """Dispense a drug.
+
+        Args:
+            drug: The drug's name.
+        """
+        self.state.setdefault("dispensed", []).append(drug)
+        return {"ok": True}
+
+
+class PharmacyDomain(GeneratedDomain):
+    name = "pharmacy"
+    executor_class = PharmacyTools
+    num_tasks = {"train": 20, "test": 5}
+
+    def sample_params(self, rng):
+        return {"drug": str(rng.choice(["aspirin", "ibuprofen", "paracetamol", "codeine", "insulin", "morphine"]))
+                + str(int(rng.integers(1000)))}
+
+    def build_task(self, params, task_id, split):
+        rec = ReferenceRecorder(PharmacyTools({}))
+        rec.call("DISPENSE_CALL", drug=params["drug"])
+        rec.answer(f"Dispensed {params['drug']}.")
+        return Task(task_id, self.name, f"Dispense {params['drug']}.", split, reference=rec.turns,
+                    expected={"state": rec.executor.snapshot(), "answer_contains": [params["drug"]]})
+'''
+
+
+def _pharmacy(tmp_path, tool_called="dispense", **replace):
+    text = PHARMACY.replace("DISPENSE_CALL", tool_called)
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    (tmp_path / "pharmacy.py").write_text(text)
+    return f"{tmp_path / 'pharmacy.py'}:PharmacyDomain"
+
+
+def test_a_typo_in_a_python_reference_solution_is_named_when_the_domain_loads(tmp_path):
+    """It surfaced at reset, as a 12-frame KeyError from `envace train`, while `envace domains` called it fine."""
+    assert make_domain(_pharmacy(tmp_path)).name == "pharmacy"
+    broken = _pharmacy(tmp_path, "dispence")
+    with pytest.raises(DomainError, match=r"domain 'pharmacy': .*pharmacy.py \(PharmacyDomain\): train task 0 does "
+                       r"not build: DomainError: the reference solution calls 'dispence', which PharmacyTools does not "
+                       r"define; did you mean 'dispense'\? .*\(at .*pharmacy.py:\d+ \(build_task\)\)"):  # fmt: skip
+        make_domain(broken)
+    for command in (["train", "--mode", "sft", "--domain", broken, "--model", "no/such-model"],
+                    ["eval", "--domain", broken], ["demo", "--domain", broken], ["domains", broken]):  # fmt: skip
+        assert _one_line_error(command) and "did you mean 'dispense'" in _one_line_error(command)
+
+
+def _one_line_error(argv):
+    """What `envace <argv>` prints on stderr when it fails as a user error (exit status 2), before any model loads."""
+    import contextlib
+    import io
+
+    from envace_gym.cli.main import main
+
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        assert main(argv) == 2
+    lines = stderr.getvalue().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("envace: error: "), lines
+    return lines[0]
+
+
+def test_a_python_file_without_its_class_is_answered_with_the_form_to_use(tmp_path):
+    """`--domain pyd/pharmacy.py` answered "unknown domain", with no hint of the `file.py:Class` form."""
+    _pharmacy(tmp_path)
+    with pytest.raises(DomainError, match=r"is a Python file: name the Domain class \(or factory\) in it, as "
+                       r"'.*pharmacy.py:PharmacyDomain' \(it defines \['PharmacyDomain'\]\)"):  # fmt: skip
+        make_domain(str(tmp_path / "pharmacy.py"))
+
+
+def test_a_generator_that_cannot_produce_its_declared_tasks_says_how_many_it_found(tmp_path, monkeypatch):
+    """`envace domains --details` printed "1000 train, 200 test tasks" for a generator that cannot produce them."""
+    import envace_gym.domains.domain as domain_module
+
+    monkeypatch.setattr(domain_module, "STALE_DRAWS", 500)  # a few hundred draws, not twenty thousand
+    few = _pharmacy(tmp_path, **{"+ str(int(rng.integers(1000)))": ""})  # six drugs: six distinct tasks at most
+    assert len([*make_domain(few, num_tasks={"train": 1, "test": 0}).tasks("train")]) == 1  # what exists: fine
+    says = r"pharmacy: cannot generate 20 distinct train tasks: [1-6] found, then 500 draws of sample_params gave no new"
+    with pytest.raises(DomainError, match=says):
+        [*make_domain(few, num_tasks={"test": 0}).tasks("train")]
+    # as declared (20 train, 5 test), the load-time check already meets it, on whichever split runs out first
+    assert re.search(r"cannot generate (20|5) distinct (train|test) tasks: [0-6] found, then 500 draws",
+                     _one_line_error(["domains", "--details", few]))  # fmt: skip
+
+
+def test_the_check_finds_what_loads_but_is_wrong(tmp_path):
+    """Recorded results that differ from the executor's (a warning) and a reward that cannot give the reference
+    full marks (an error); `envace domains NAME --check` prints both and exits with 1."""
+    folder = write_folder(tmp_path)
+    _rewrite_task(folder, reference=[{"calls": [{"name": "increment", "arguments": {"by": 2}}], "results": [{"value": 3}]},
+                                     {"content": "It is 2."}], expected={"state": {"value": 2}, "answer_numbers": [5]})  # fmt: skip
+    findings = check_domain(make_domain(folder))
+    where = f"{folder / 'tasks.jsonl'}:1: task 'counter/1'"
+    assert [(f.level, f.where) for f in findings] == [("warning", where), ("error", where)]
+    assert 'returns {"value":2} when replayed, but the task records {"value":3}' in findings[0].message
+    assert "the reward gives the reference solution 0.5, not full marks (failed checks: ['answer_numbers'])" in findings[1].message
+    out = _run_cli(["domains", str(folder), "--check"], status=1)
+    assert "counter: 1 train, 0 test tasks checked" in out and "1 error(s), 1 warning(s)" in out
+
+
+def _run_cli(argv, status=0):
+    import contextlib
+    import io
+
+    from envace_gym.cli.main import main
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(argv) == status
+    return stdout.getvalue()
+
+
+@pytest.mark.parametrize("name", ["units", "bank", "travel", "lights", "library", "openai", "sharegpt", "envace"])
+def test_the_check_finds_nothing_in_the_built_in_and_example_domains(name):
+    data = Path(LIBRARY_FILE).parent / "data"
+    source = {"library": f"{LIBRARY_FILE}:LibraryDomain", "openai": str(data / "openai.jsonl"),
+              "sharegpt": str(data / "sharegpt.jsonl"), "envace": str(data / "envace.jsonl")}.get(name, name)  # fmt: skip
+    out = _run_cli(["domains", source, "--check", "--rewards", "5"])
+    assert out.splitlines()[0].endswith("no findings"), out
+
+
+@pytest.mark.parametrize(
+    ("returned", "score", "checks"),
+    [("RewardResult(0.5, {'a': True, 'b': False})", 0.5, {"a": True, "b": False}),
+     ("1", 1.0, {"full_marks": True}), ("0.25", 0.25, {"full_marks": False}), ("None", None, {})],
+)  # fmt: skip
+def test_score_may_return_a_reward_result_a_number_or_none(tmp_path, returned, score, checks):
+    folder = write_folder(tmp_path)
+    (folder / "reward.py").write_text(f"from envace_gym import RewardResult\n\ndef score(task, trajectory):\n    return {returned}\n")
+    env = gym.make("EnvACE-Rehearsal-v0", domain=str(folder), policy=ScriptedPolicy([]), executor="real")
+    env.reset(options={"task": "counter/1"})
+    *_, reward, terminated, _, info = env.step("It is 0.")
+    assert terminated and info["reward_checks"] == checks and info["reward_masked"] is (score is None)
+    assert reward == (score or 0.0)
+
+
+def test_a_score_of_the_wrong_kind_is_a_typed_error_naming_the_domain(tmp_path):
+    """Returning a float used to give ENVIRONMENT_ERROR (AttributeError: 'float' object has no attribute 'score');
+    a float in [0, 1] is now a reward, and anything else names the domain."""
+    folder = write_folder(tmp_path)
+    (folder / "reward.py").write_text("def score(task, trajectory):\n    return 'perfect'\n")
+    env = gym.make("EnvACE-Rehearsal-v0", domain=str(folder), policy=ScriptedPolicy([]), executor="real")
+    env.reset(options={"task": "counter/1"})
+    *_, reward, _, _, info = env.step("It is 0.")
+    assert info["reward_masked"] and info["reward_error"].startswith("DomainError: domain 'counter': score() returned "
+                                                                      "str 'perfect'; return a RewardResult")  # fmt: skip
+    findings = check_domain(make_domain(folder))
+    assert any(f.level == "error" and "score() returned str 'perfect'" in f.message for f in findings)
+
+
+def test_a_tool_that_raises_is_reported_with_its_file_and_line(tmp_path, caplog):
+    """It gave `EXECUTION_ERROR renew_loan failed: KeyError: 'nope'` with no file or line."""
+    folder = write_folder(tmp_path)
+    code = (folder / "executor.py").read_text()  # a bug the reference (by=2) does not reach: the domain loads
+    code = code.replace('self.state["value"] += by', 'self.state["value" if by == 2 else "nope"] += by')
+    (folder / "executor.py").write_text(code)
+    line = next(n for n, text in enumerate(code.splitlines(), 1) if '"nope"' in text)
+    env = gym.make("EnvACE-Rehearsal-v0", domain=str(folder), policy=ScriptedPolicy([]), executor="real")
+    env.reset(options={"task": "counter/1"})
+    with caplog.at_level("WARNING"):
+        *_, info = env.step(ToolCall("increment", {"by": 3}).to_text())
+    error = info["calls"][0]["error"]
+    assert error["code"] == "EXECUTION_ERROR" and error["origin"] == f"{folder / 'executor.py'}:{line} (increment)"
+    assert "origin" not in json.dumps(info["messages"][-1])  # the agent sees the error, not the author's file
+    assert f"raised at {folder / 'executor.py'}:{line} (increment)" in caplog.text
+
+
+def test_a_folder_executor_needs_no_docstrings(tmp_path):
+    """docs/domains.md: the schemas are tools.json's; executor.py's docstrings are not read (they were, and a
+    method without one failed with SchemaError: ... it has no docstring)."""
+    folder = write_folder(tmp_path)
+    code = (folder / "executor.py").read_text()
+    (folder / "executor.py").write_text(code[: code.index("'''")] + code[code.rindex("'''") + 3 :])
+    assert make_domain(folder).tools["increment"].description == "Add to the counter."

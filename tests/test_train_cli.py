@@ -331,9 +331,11 @@ def test_reward_panel_widens_for_rewards_outside_zero_one():
     assert low <= -0.4 and high >= 1.8  # weighted rewards are not clipped off the plot
 
 
-def test_a_run_whose_every_reward_is_masked_ends_with_its_plot_and_summary(tiny_path, tmp_path):
+@pytest.mark.parametrize("mode", ["rehearsal", "real-tools"])
+def test_a_run_whose_every_reward_is_masked_ends_with_its_plot_and_summary(tiny_path, tmp_path, mode):
     """A verifier that fails on every episode masks them all (reward None): the run still writes its model, a
-    plot that says so, and train_summary.json with the count (it crashed while drawing the plot before)."""
+    plot that says so, and train_summary.json with the count (it crashed while drawing the plot before), in
+    the EnvACE trainer and in TRL's own tool loop alike."""
     from envace_gym.domains.registry import make_domain, register_domain
     from envace_gym.recipes.train import curves_figure
 
@@ -345,7 +347,7 @@ def test_a_run_whose_every_reward_is_masked_ends_with_its_plot_and_summary(tiny_
 
     register_domain("verifier-down", VerifierDown, overwrite=True)
     out = tmp_path / "masked"
-    argv = ["train", "--mode", "rehearsal", "--model", tiny_path, "--output_dir", str(out), *SMALL[2:],
+    argv = ["train", "--mode", mode, "--model", tiny_path, "--output_dir", str(out), *SMALL[2:],
             "--steps", "2", "--domain", "verifier-down"]  # fmt: skip
     assert main(argv) == 0
     summary = json.loads((out / "train_summary.json").read_text())

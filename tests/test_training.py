@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -157,6 +158,26 @@ def test_custom_trainer_runs_on_the_tiny_model(mode):
     )
     assert [h["step"] for h in history] == [1, 2]
     assert all(h["trained_tokens"] > 0 and h["seconds"] > 0 for h in history)
+
+
+def test_custom_trainer_steps_through_a_batch_whose_every_reward_is_masked():
+    """A verifier down for a whole step: every episode masked (reward None), nothing trained, the weights as they
+    were, and the step's metrics say so instead of crashing."""
+    from envace_gym.domains.registry import register_domain
+
+    class VerifierDown(type(make_domain("units"))):
+        name = "units-verifier-down"
+
+        def score(self, task, trajectory):
+            raise RuntimeError("the verifier is down")
+
+    register_domain("units-verifier-down", VerifierDown, overwrite=True)
+    policy = tiny_policy(seed=1)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    (step,) = train(policy, TrainerConfig(domain="units-verifier-down", steps=1, tasks_per_step=2, group_size=2,
+                                          max_new_tokens=8))  # fmt: skip
+    assert step["masked_episodes"] == 4 and step["trained_tokens"] == 0 and math.isnan(step["reward"])
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True))
 
 
 # -- TRL: role-wise GRPO subclass ----------------------------------------------------------------------------

@@ -197,8 +197,9 @@ print(json.dumps([time.perf_counter() - started, reward, terminated, info["calls
 
 
 def test_unique_items_is_checked_in_linear_time():
-    """jsonschema compares items that do not sort (objects, mixed types) pairwise: 1,200 distinct objects took
-    3.5 s here, past the default budget, so the check would end in LIMIT_EXCEEDED; hashed, it is a verdict."""
+    """jsonschema compares items that do not sort (objects, mixed types) pairwise: 1,500 distinct objects took
+    5.5 s here (quadratic), past the default budget, so such a check would end in LIMIT_EXCEEDED; hashed, it is a
+    verdict (1,200 objects: the most that fit max_json_chars)."""
     schema = ToolSchema("t", "", {"type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}})
     distinct = [{"a": i} for i in range(1200)]
     with StepBudget(1.0):

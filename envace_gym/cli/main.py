@@ -66,13 +66,14 @@ def _parse_settings(cls: type, prog: str, argv: Sequence[str]) -> Any:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from ..domains.registry import make_domain
     from ..policy.factory import make_policy
     from ..policy.transformers import check_model_source
     from ..recipes.demo import run_demo
 
     check_model_source(args.model)
     run_demo(
-        domain=args.domain,
+        domain=make_domain(args.domain),  # a broken domain fails before any engine starts
         episodes=args.episodes,
         act=args.act,
         policy=args.model if args.backend == "transformers" else make_policy(args.model, backend=args.backend),
@@ -269,6 +270,9 @@ def _checklists(args: argparse.Namespace) -> int:
 def _domains(args: argparse.Namespace) -> int:
     from ..domains.registry import describe_domain, list_domains
 
+    if args.check:
+        names = args.names or list_domains()
+        return 1 if sum(_print_domain_check(name, args.rewards, named=bool(args.names)) for name in names) else 0
     if not args.names and not args.details:  # the listing builds nothing: benchmark families load no data
         for name in list_domains():
             print(f"{name:8s} {describe_domain(name)}".rstrip())
@@ -279,19 +283,46 @@ def _domains(args: argparse.Namespace) -> int:
 
 
 def _print_domain_details(name: str, *, named: bool) -> None:
-    """Build ``name`` and print its tool and task counts; a domain the user named must build (its error is the
-    command's), one met while listing every domain is shown as not available (benchmark data not installed)."""
+    """Build ``name`` and print its tool and task counts (a generator's tasks all built, so one that cannot produce
+    what it declares says so; data-backed tasks are counted as they are); a domain the user named must build (its
+    error is the command's), one met while listing every domain is shown as not available (benchmark data not
+    installed)."""
+    from ..domains.domain import GeneratedDomain
     from ..domains.registry import make_domain
     from ..errors import EnvACEError
 
     try:
         domain = make_domain(name)
-        sizes = ", ".join(f"{len(domain.tasks(s))} {s}" for s in ("train", "test"))
+        count = (lambda tasks: sum(1 for _ in tasks)) if isinstance(domain, GeneratedDomain) else len
+        sizes = ", ".join(f"{count(domain.tasks(s))} {s}" for s in ("train", "test"))
         print(f"{name:8s} {len(domain.tool_names()):3d} tools, {sizes} tasks  {domain.description}")
     except EnvACEError as exc:
         if named:
             raise
         print(f"{name:8s} not available: {exc}")
+
+
+def _print_domain_check(name: str, rewards: int, *, named: bool) -> int:
+    """The full domain check of ``name``, one line per finding; returns how many errors it found."""
+    from ..domains.check import check_domain
+    from ..domains.registry import resolve_domain
+    from ..errors import EnvACEError
+
+    try:
+        domain = resolve_domain(name)  # not make_domain: its load-time check would stop at the first error
+    except EnvACEError as exc:
+        if named:
+            raise
+        print(f"{name}: not available: {exc}")
+        return 0
+    findings = check_domain(domain, rewards=rewards)
+    errors = sum(f.level == "error" for f in findings)
+    sizes = ", ".join(f"{len(domain.tasks(s))} {s}" for s in ("train", "test"))
+    verdict = f"{errors} error(s), {len(findings) - errors} warning(s)" if findings else "no findings"
+    print(f"{name}: {sizes} tasks checked (the reward on up to {rewards} per split): {verdict}")
+    for finding in findings:
+        print(f"  {finding}")
+    return errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -436,7 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the registered domains, one line each: the factory's `description`, else its docstring's "
         "first sentence. Nothing is built, and a 'module:attr' factory (the built-in domains, entry points) is read "
         "from its module's source rather than imported, so the list is instant even for benchmark families whose "
-        "data takes seconds to load. --details, or naming domains, builds them to count their tools and tasks.",
+        "data takes seconds to load. --details, or naming domains, builds them and counts their tools and tasks (a "
+        "generator's tasks are built to be counted). --check runs the domain check on every task: tool schemas (misspelt keywords, "
+        "required names no property defines), reference calls against their schemas and whitelist, recorded results "
+        "against the real executor, and the reward of the reference solution on a sample; it exits with 1 when "
+        "there is an error.",
     )  # fmt: skip
     domains.add_argument(
         "names", nargs="*", metavar="NAME",
@@ -444,6 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     domains.add_argument(
         "--details", action="store_true", help="build every registered domain and print its tool and task counts"
+    )
+    domains.add_argument(
+        "--check", action="store_true", help="check the named domains (all registered ones, without names) in full"
+    )
+    domains.add_argument(
+        "--rewards", type=int, default=20, help="with --check: tasks per split whose reference solution is scored"
     )
     domains.set_defaults(func=_domains)
     return parser

@@ -427,6 +427,10 @@ class DatasetDomain(Domain):
     def tasks(self, split: str = "train") -> Sequence[Task]:
         return self._splits[check_split(split)]
 
+    def locate(self, task: Task | None = None) -> str:
+        origin = str(self.source) if isinstance(self.source, (str, Path)) else f"dataset {self.name!r}"
+        return origin if task is None else f"{origin}: task {task.id!r}"
+
     def score(self, task: Task, trajectory: Trajectory) -> RewardResult:
         if self._reward is not None:
             return self._reward(task, trajectory)

@@ -9,6 +9,7 @@ the environment, or point :func:`make_domain` at a folder (see :class:`FolderDom
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -87,8 +88,20 @@ class Domain:
     def whitelist(self, task: Task) -> tuple[str, ...]:
         return task.tools or tuple(self.tools_for(task).names)
 
+    def locate(self, task: Task | None = None) -> str:
+        """Where the domain (or ``task``) is written, for the domain check's findings: the class and its file."""
+        cls = type(self)
+        try:
+            origin = f"{inspect.getsourcefile(cls)} ({cls.__name__})"
+        except TypeError:  # a class without a source file
+            origin = cls.__name__
+        return origin if task is None else f"{origin}: task {task.id!r}"
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+STALE_DRAWS = 20_000  # draws without a new task after which a generator is taken to have no more
 
 
 class _Draws:
@@ -103,17 +116,24 @@ class _Draws:
 
     def _params_for(self, index: int) -> Any:
         d = self._domain
+        stale = 0  # candidates since the last new task of this split
         while len(self._params) <= index:
             rng = np.random.default_rng([d.seed, self._candidate])
             self._candidate += 1
-            if self._candidate > 1000 * (self._size + 10):
-                raise DomainError(f"{d.name}: cannot generate {self._size} distinct {self._split} tasks")
+            if stale >= STALE_DRAWS:
+                raise DomainError(
+                    f"{d.name}: cannot generate {self._size} distinct {self._split} tasks: {len(self._params)} found, "
+                    f"then {STALE_DRAWS} draws of sample_params gave no new one; lower num_tasks "
+                    f"(num_tasks={{'{self._split}': {len(self._params)}}}) or draw more varied tasks"
+                )
             params = d.sample_params(rng)
             key = d.task_key(params)
             if key in self._seen or d.split_of(key) != self._split:
+                stale += 1
                 continue
             self._seen.add(key)
             self._params.append(params)
+            stale = 0
         return self._params[index]
 
     def task(self, index: int) -> Task:

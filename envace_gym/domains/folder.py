@@ -6,15 +6,17 @@ import importlib
 import importlib.util
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import DomainError, EnvACEError
 from ..tools.executor import ToolExecutor
 from ..tools.schema import ToolRegistry
+from .check import schema_findings
 from .domain import Domain
 from .task import SPLITS, Task, check_split
+from .trajectory import Trajectory
 
 
 class FolderDomain(Domain):
@@ -27,8 +29,10 @@ class FolderDomain(Domain):
           tools.json      a list of tools: OpenAI, MCP or BFCL form
           tasks.jsonl     one Task per line (see Task.to_dict); "split" says train or test
           executor.py     optional: a ToolExecutor subclass named Executor (enables executor="real")
+          reward.py       optional: a function score(task, trajectory) (else the tasks' expected checks)
 
-    ``executor.py`` is the user's own code, imported like any module; model text is never executed.
+    ``executor.py`` and ``reward.py`` are the user's own code, imported like any module; model text is never
+    executed.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -47,8 +51,10 @@ class FolderDomain(Domain):
         self._tools = self._load_tools(tool_specs)
         self._executor_class = self._load_executor()
         self._check_executor_tools()
+        self._score = self._load_reward()
         self._tasks: dict[str, list[Task]] = {s: [] for s in SPLITS}
         first_line: dict[str, int] = {}
+        self._lines = first_line  # where each task is written, for the domain check's findings
         for n, line in enumerate(lines, 1):
             if line.strip():
                 where = f"{self.path / 'tasks.jsonl'}:{n}"
@@ -83,15 +89,18 @@ class FolderDomain(Domain):
                 raise DomainError(f"{file}: tool {i} ({name!r}) has 'input_schema'; MCP spells it 'inputSchema' "
                                   "(or use the OpenAI form with 'parameters')")  # fmt: skip
             try:
-                registry.add(spec)
+                tool = registry.add(spec)
             except EnvACEError as exc:
                 raise DomainError(f"{file}: tool {i} ({name!r}): {exc}") from exc
+            for finding in schema_findings(tool, str(file)):  # before the tasks: a schema's mistake is the cause
+                if finding.level == "error":
+                    raise DomainError(f"{finding.where}: {finding.message}")
         return registry
 
     def _check_executor_tools(self) -> None:
         if self._executor_class is None:
             return
-        implemented = {t.name for t in self._executor_class.tool_schemas()}
+        implemented = set(self._executor_class.tool_functions)  # names only: tools.json holds the schemas
         missing = [t.name for t in self._tools if t.name not in implemented]
         if missing:
             raise DomainError(
@@ -110,7 +119,12 @@ class FolderDomain(Domain):
             if len(turn.results) != len(turn.calls):
                 raise DomainError(f"{where}: task {task.id!r} reference turn {k} has {len(turn.calls)} call(s) and "
                                   f"{len(turn.results)} result(s); give one result per call (null where unknown)")  # fmt: skip
-        if "state" in task.expected and self._executor_class is None:
+            for call in turn.calls:
+                error = self._tools.validate(call, task.tools or None).error
+                if error is not None:
+                    raise DomainError(f"{where}: task {task.id!r}: reference turn {k} calls {call.name!r}, which fails "
+                                      f"validation: {error.message}; fix the reference or the tool's schema")  # fmt: skip
+        if "state" in task.expected and self._executor_class is None and self._score is None:
             raise DomainError(
                 f"{where}: task {task.id!r} checks expected.state, which replays the calls on a real executor; "
                 f"add {self.path / 'executor.py'} (a ToolExecutor named Executor) or check 'calls' / 'answer_*'"
@@ -126,6 +140,20 @@ class FolderDomain(Domain):
             raise DomainError(f"{file} must define a ToolExecutor subclass named Executor")
         return cls
 
+    def _load_reward(self) -> Callable[[Task, Trajectory], Any] | None:
+        file = self.path / "reward.py"
+        if not file.is_file():
+            return None
+        score = getattr(import_file(file, f"envace_user_reward_{self.name}"), "score", None)
+        if not callable(score):
+            raise DomainError(f"{file} must define a function score(task, trajectory) returning a RewardResult, a "
+                              "number in [0, 1], or None to mask the episode")  # fmt: skip
+        return score
+
+    def score(self, task: Task, trajectory: Trajectory) -> Any:
+        """``reward.py``'s ``score`` when the folder has one, else the tasks' ``expected`` checks."""
+        return super().score(task, trajectory) if self._score is None else self._score(task, trajectory)
+
     @property
     def tools(self) -> ToolRegistry:
         return self._tools
@@ -135,6 +163,13 @@ class FolderDomain(Domain):
 
     def make_executor(self, task: Task) -> ToolExecutor | None:
         return None if self._executor_class is None else self._executor_class(task.initial_state)
+
+    def locate(self, task: Task | None = None) -> str:
+        """Where ``task`` is written, ``tasks.jsonl:<line>: task '<id>'``; without one, ``tools.json``."""
+        if task is None:
+            return str(self.path / "tools.json")
+        line = self._lines.get(task.id)
+        return f"{self.path / 'tasks.jsonl'}{f':{line}' if line else ''}: task {task.id!r}"
 
 
 def import_file(file: Path, name: str) -> Any:

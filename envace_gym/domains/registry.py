@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DomainError
+from .check import verify_domain
 from .domain import Domain
 from .folder import FolderDomain, import_file
 
@@ -152,11 +153,34 @@ def _load_reference(ref: str) -> Any:
     return getattr(module, attr)
 
 
+def _name_the_class(file: str) -> str:
+    """The error for ``"path/file.py"`` without ``":Class"``: the form to use, with the classes the file defines
+    (read from its source, not run)."""
+    path = Path(file)
+    if not path.is_file():
+        return f"domain {file!r}: no such file (a Python domain is named 'path/to/file.py:ClassName')"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        classes = []
+    domains = [name for name in classes if name.endswith("Domain")] or classes
+    example = f"{file}:{domains[0] if domains else 'ClassName'}"
+    return (f"domain {file!r} is a Python file: name the Domain class (or factory) in it, as {example!r}"
+            + (f" (it defines {domains})" if domains else ""))  # fmt: skip
+
+
 def make_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
     """Resolve ``domain=``: a Domain object, a registered name (entry points of other packages included), a
     path to a domain folder, a conversation dataset (a ``.jsonl``/``.json``/``.parquet`` file, a ``datasets``
     folder or object: :class:`~envace_gym.domains.dataset.DatasetDomain`, ``kwargs`` such as ``format=``), or a
-    reference into the user's code, ``"module:attr"`` / ``"file.py:attr"``."""
+    reference into the user's code, ``"module:attr"`` / ``"file.py:attr"``. The domain passes the load-time domain
+    check first (:func:`~envace_gym.domains.check.verify_domain`): its first error is a :class:`DomainError`."""
+    return verify_domain(resolve_domain(domain, **kwargs))  # every loader's domain, checked once (domains/check.py)
+
+
+def resolve_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
+    """:func:`make_domain` without the load-time check (``envace domains --check`` reports every finding)."""
     if isinstance(domain, Domain):
         return domain
     from .dataset import DatasetDomain, is_dataset_source
@@ -175,6 +199,8 @@ def make_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
         factory = _FACTORIES.get(family)
         if factory is None:  # "my_package.domains:LibraryDomain" or "my_domain.py:LibraryDomain"
             factory, argument = _load_reference(domain), None
+    if factory is None and domain.endswith(".py"):
+        raise DomainError(_name_the_class(domain))
     if factory is None:
         raise DomainError(
             f"unknown domain {domain!r};{_did_you_mean(domain)} registered: {list_domains()} (or pass a folder path)"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import DomainError
 from ..tools.canonical import call_key, canonical_json
@@ -35,6 +37,29 @@ class RewardResult:
         w = {k: (weights or {}).get(k, 1.0) for k in checks}
         total = sum(w.values())
         return cls(sum(w[k] for k, ok in checks.items() if ok) / total if total else 0.0, dict(checks))
+
+
+def as_reward_result(value: Any, domain: str) -> RewardResult:
+    """What a domain's ``score`` returned, as a :class:`RewardResult`: one as it is, a number in [0, 1] wrapped
+    (its one check, ``"full_marks"``, passes at 1, so success means full marks), ``None`` masked (the verifier
+    could not judge). Anything else is the domain's bug: a :class:`~envace_gym.errors.DomainError` naming it."""
+    if isinstance(value, RewardResult):
+        if value.score is not None and not _in_unit_interval(value.score):
+            raise DomainError(f"domain {domain!r}: score() returned a RewardResult with score {value.score!r}; "
+                              "a score is a number in [0, 1], or None to mask the episode")  # fmt: skip
+        return value
+    if value is None:
+        return RewardResult(None, {})
+    if _in_unit_interval(value):
+        return RewardResult(float(value), {"full_marks": float(value) == 1.0})
+    raise DomainError(
+        f"domain {domain!r}: score() returned {type(value).__name__} {str(value)[:80]!r}; return a RewardResult "
+        "(a score in [0, 1] with its named checks), a number in [0, 1], or None to mask the episode"
+    )
+
+
+def _in_unit_interval(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= 1
 
 
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")

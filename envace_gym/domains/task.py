@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -161,6 +162,13 @@ class ReferenceRecorder:
     def call(self, tool: str, /, *, same_turn: bool = False, **arguments: Any) -> Any:
         """Run and record one call of ``tool``. Each call is its own Act turn unless ``same_turn`` (parallel
         calls). The tool's name is positional-only, so a tool may have a parameter called ``name`` or ``tool``."""
+        known = type(self.executor).tool_functions
+        if tool not in known:  # a typo in a reference solution: named where the domain loads, not at some reset
+            close = difflib.get_close_matches(tool, list(known), n=1)
+            raise DomainError(
+                f"the reference solution calls {tool!r}, which {type(self.executor).__name__} does not define"
+                f"{f'; did you mean {close[0]!r}?' if close else ''} (its tools: {sorted(known)})"
+            )
         if not same_turn:
             self.end_turn()
         call = ToolCall(tool, arguments)

@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 
 from ..domains.domain import Domain
-from ..domains.reward import RewardResult, score_reference
+from ..domains.reward import RewardResult, as_reward_result, score_reference
 from ..domains.task import Task
 from ..domains.trajectory import CallRecord, Trajectory
-from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, TaskTooLongError, ToolError
+from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, TaskTooLongError, ToolError, raised_at
 from ..parsing.act import RESULT_OPEN, parse_execution_result, parse_result_json
 from ..parsing.formats import tool_call_format
 from ..policy.protocol import Generation
@@ -338,7 +338,9 @@ class Episode:
                     f"{call.name} failed: {type(exc).__name__}: {exc}"[:300],
                     {"tool": call.name},
                     source="executor",
+                    origin=raised_at(exc),
                 )
+                _report_tool_bug(state.error)
 
     # -- the Rehearse role ----------------------------------------------------------------------------
     def _rehearse_separate(
@@ -647,7 +649,7 @@ class Episode:
             if self.config.reward == "reference":  # no tool runs: the reward an executor-free run trains on
                 self.reward_result = score_reference(self.task, self.trajectory())
             else:
-                self.reward_result = self.domain.score(self.task, self.trajectory())
+                self.reward_result = as_reward_result(self.domain.score(self.task, self.trajectory()), self.domain.name)
         except Exception as exc:  # a verifier that fails masks the episode (None), never a silent 0
             self.reward_result = RewardResult(None, {})
             info["reward_error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -662,6 +664,17 @@ class Episode:
             info["reward_masked"] = self.reward_result.score is None
             info["success"] = self.reward_result.success
         return StepOutcome(self.prompt_text, reward, terminated, truncated, info)
+
+
+_REPORTED: set[tuple[str, str | None]] = set()
+
+
+def _report_tool_bug(error: ToolError) -> None:
+    """A tool that raised is a bug in the domain's code: say where, once per place (the agent sees only the error)."""
+    key = (error.details.get("tool", ""), error.origin)
+    if key not in _REPORTED:
+        _REPORTED.add(key)
+        logger.warning("%s, raised at %s (reported once per place)", error.message, error.origin)
 
 
 def _dump(value: Any) -> str:

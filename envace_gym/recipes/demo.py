@@ -52,12 +52,12 @@ def run_demo(
 ) -> DemoStats:
     """Run the demo and print it (to ``out`` if given); returns counts so callers can check what happened."""
     write = out.write if out is not None else (lambda line: print(line, end=""))
+    dom = make_domain(domain)  # a broken domain fails before the model loads
     model = make_policy(policy)
-    dom = make_domain(domain)
     rng = np.random.default_rng(seed)
     tasks = [dom.sample_task(rng) for _ in range(episodes)]
     name = getattr(getattr(model, "model", None), "name_or_path", "") or type(model).__name__
-    write(f"envace demo: the policy ({name}) rehearses the tools of {domain!r} ({rehearsal_mode} mode); ")
+    write(f"envace demo: the policy ({name}) rehearses the tools of {dom.name!r} ({rehearsal_mode} mode); ")
     write(
         f"Act turns from the {act}.\n'real' is what the domain's executor answers for the same call (never shown to the agent).\n"
     )

@@ -377,14 +377,27 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "plot": plot,
         "num_processes": trainer.accelerator.num_processes,
         "seconds": time.perf_counter() - started,
-        # episodes whose verifier could not judge them (reward masked) in this run; None where TRL's loop scored them
-        "masked_episodes": getattr(trainer, "masked_episodes", None) if config.mode == "rehearsal" else None,
+        # episodes whose verifier could not judge them (reward masked) in this run, over all processes
+        "masked_episodes": _masked_episodes(trainer, config.mode),
         "last": history[-1] if history else {},
     }
     if trainer.accelerator.is_main_process:
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     trainer.accelerator.wait_for_everyone()  # no process returns while the main one is still writing
     return summary
+
+
+def _masked_episodes(trainer: Any, mode: str) -> int | None:
+    """Episodes the verifier could not score: the rehearsal trainer counts them; in TRL's own tool loop (real-tools)
+    the reward function does, per process."""
+    if mode == "rehearsal":
+        return getattr(trainer, "masked_episodes", None)
+    if mode == "real-tools":
+        from accelerate.utils import gather_object
+
+        mine = sum(getattr(f, "masked_episodes", 0) for f in trainer.reward_funcs)
+        return int(sum(gather_object([mine])))
+    return None
 
 
 def _is_number(value: Any) -> bool:

@@ -82,7 +82,7 @@ def check_patterns(schema: Any, where: str = "") -> None:
                 f"{where}/{place}", f"the pattern {pattern!r} needs a backtracking regex engine ({_reason(exc)}); "
                 "patterns are matched in linear time (RE2), without backreferences or lookaround",
             ) from None  # fmt: skip
-    for key, sub in _subschemas(schema):
+    for key, sub in subschemas(schema):
         check_patterns(sub, f"{where}/{key}")
 
 
@@ -91,7 +91,8 @@ def _reason(exc: Exception) -> str:
     return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
 
 
-def _subschemas(schema: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+def subschemas(schema: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """``(place, subschema)`` for each schema directly inside ``schema`` (``properties/name``, ``anyOf/0``, ...)."""
     for key in _ONE:
         if isinstance(schema.get(key), Mapping):
             yield key, schema[key]
@@ -169,4 +170,4 @@ def linear_time(cls: type) -> type:
     )
 
 
-__all__ = ["LOCAL_REFERENCES", "PatternError", "check_patterns", "compile_pattern", "linear_time"]
+__all__ = ["LOCAL_REFERENCES", "PatternError", "check_patterns", "compile_pattern", "linear_time", "subschemas"]

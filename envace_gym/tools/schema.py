@@ -12,6 +12,7 @@ typed :class:`ValidationResult`, and exports the OpenAI tool list that
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -303,6 +304,7 @@ class ToolSchema:
         fn = spec.get("function", spec) if spec.get("type", "function") == "function" else None
         if not isinstance(fn, Mapping) or "name" not in fn:
             raise SchemaError(f"not an OpenAI function tool: {json.dumps(spec, default=str)[:200]}")
+        _refuse_misspelt_keys(fn, _OPENAI_KEYS)
         returns = fn.get("returns", fn.get("return"))
         return cls(
             name=fn["name"],
@@ -316,6 +318,7 @@ class ToolSchema:
         """From an MCP tool: ``{"name", "description", "inputSchema", "outputSchema"?}``."""
         if not isinstance(spec, Mapping) or "name" not in spec or "inputSchema" not in spec:
             raise SchemaError("an MCP tool needs 'name' and 'inputSchema'")
+        _refuse_misspelt_keys(spec, _MCP_KEYS)
         return cls(
             name=spec["name"],
             description=spec.get("description", "") or "",
@@ -378,6 +381,19 @@ class ToolSchema:
         if self.returns is not None and not compact:
             fn["returns"] = dict(self.returns)
         return {"type": "function", "function": fn}
+
+
+_OPENAI_KEYS = ("name", "description", "parameters", "returns", "return", "strict")
+_MCP_KEYS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+
+
+def _refuse_misspelt_keys(spec: Mapping[str, Any], known: tuple[str, ...]) -> None:
+    """A key one letter from a known one (``"paramaters"``) would be dropped silently, leaving a tool with no
+    arguments: a :class:`SchemaError` instead. Other unknown keys are left alone (tool specs carry extras)."""
+    for key in spec:
+        close = difflib.get_close_matches(str(key), [k for k in known if k not in spec], n=1, cutoff=0.8)
+        if key not in known and close:
+            raise SchemaError(f"tool {spec.get('name')!r}: unknown key {key!r}; did you mean {close[0]!r}?")
 
 
 def _without_titles(schema: Any) -> Any:

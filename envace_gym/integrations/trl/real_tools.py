@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from ...domains.domain import Domain
 from ...domains.registry import make_domain
-from ...domains.reward import score_reference
+from ...domains.reward import as_reward_result, score_reference
 from ...domains.task import Task
 from ...domains.trajectory import CallRecord, Trajectory
 from ...episode.types import REWARDS
 from ...tools.schema import ToolCall
 from .common import task_dataset
+
+logger = logging.getLogger(__name__)
 
 
 def real_tools_environment(domain: str | Domain) -> type:
@@ -77,10 +80,18 @@ def real_tools_reward(domain: str | Domain, reward: str = "domain"):
             answer = _final_text(completion)
             trajectory = Trajectory(env.task, (), tuple(env.records), (answer,) if answer else ())
             try:
-                result = score_reference(env.task, trajectory) if reward == "reference" else dom.score(env.task, trajectory)
-            except Exception:
+                result = (
+                    score_reference(env.task, trajectory)
+                    if reward == "reference"
+                    else as_reward_result(dom.score(env.task, trajectory), dom.name)
+                )
+            except Exception as exc:  # a verifier that fails masks the episode, never a silent 0
+                logger.warning("reward of %s masked: the verifier failed (%s: %s)", env.task.id, type(exc).__name__, exc)
                 out.append(None)
+                reward.masked_episodes += 1  # type: ignore[attr-defined]
                 continue
+            if result.score is None:
+                reward.masked_episodes += 1  # type: ignore[attr-defined]
             out.append(result.score)
             successes.append(float(result.success))
         if successes and kwargs.get("log_metric") is not None:  # TRL logs it as "success", as the EnvACE path does
@@ -88,6 +99,7 @@ def real_tools_reward(domain: str | Domain, reward: str = "domain"):
         return out
 
     reward.__name__ = f"{dom.name}_reward"
+    reward.masked_episodes = 0  # type: ignore[attr-defined]  # episodes it could not score, in this process
     return reward
 
 
