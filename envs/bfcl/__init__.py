@@ -33,6 +33,16 @@ SINGLE_TURN = (
 MULTI_TURN = ("multi_turn_base",)
 OTHER_LANGUAGES = {"simple_java": "java", "simple_javascript": "javascript"}
 IRRELEVANCE = ("irrelevance", "live_irrelevance")
+# Gold answers that break their own function docs; BFCL's own checker refuses them too (docs/benchmarks.md).
+REFUSED_BY_BFCL = {
+    "parallel_multiple_12": "the gold answer passes 'permeability', which calculate_voltage_difference's doc lacks",
+    "parallel_multiple_26": "the gold answer passes 'type', which bank.calculate_balance's doc lacks",
+    "live_simple_106-63-0": "the gold answer leaves out record's required 'auto_loan_payment_start'",
+    "live_simple_112-68-0": "the gold answer leaves out record's required 'acc_routing_start'",
+    "live_multiple_507-149-4": "the gold answer leaves out Flights_4_SearchOnewayFlight's required 'origin_airport'",
+    "live_multiple_862-181-3": "the gold answer passes 'journey_start_time', which Trains_1_FindTrains's doc lacks",
+    "live_multiple_964-207-0": "the gold answer leaves out transfer_to_human_agent's required 'statement'",
+}
 SYSTEM_PROMPT = (
     "You are an assistant with access to functions. When a request needs them, call them with exactly the "
     "arguments the request gives; when it does not, answer without calling anything."
@@ -141,7 +151,8 @@ class BFCLDomain(Domain):
     BFCL's questions, in file order; ``test`` holds the entries whose id hashes into the test fifth (the rest is
     ``train``, for training on BFCL). Multi-turn entries replay their later user turns as scripted users. The
     reference trajectory is the ground truth: its first allowed value per parameter (single-turn, results
-    unknown), or the gold calls with their real backend results (multi-turn).
+    unknown), a refusal (irrelevance), none (``live_relevance``: any call passes and BFCL records none), or the
+    gold calls with their real backend results (multi-turn).
 
     ## Reward
 
@@ -175,6 +186,7 @@ class BFCLDomain(Domain):
         self.multi_turn = category in MULTI_TURN
         self.executes_calls = self.multi_turn  # single-turn entries are judged on the calls; nothing runs
         self.max_turns = 56 if self.multi_turn else 3  # multi-turn: up to 8 Act turns for each of <= 7 user turns
+        self.known_issues = {k: f"BFCL's data: {v}" for k, v in REFUSED_BY_BFCL.items()}
 
     # -- data -------------------------------------------------------------------------------------------
     @cached_property
@@ -219,8 +231,10 @@ class BFCLDomain(Domain):
                 for name, params in expected.items()
             )
             reference = (ReferenceTurn("", calls, (None,) * len(calls)), ReferenceTurn(content="Done."))
-        else:
+        elif self.category in IRRELEVANCE:
             reference = (ReferenceTurn(content="I cannot help with that using the functions I have."),)
+        # live_relevance: any relevant call passes and BFCL records none, so there is no reference solution (a
+        # refusal here would contradict the reward, and SFT would teach it)
         return Task(
             id=entry["id"],
             domain=self.name,
