@@ -32,6 +32,7 @@ from .errors import (
     PolicyError,
     SchemaError,
     TaskNotFoundError,
+    TaskTooLongError,
     ToolError,
     TrainingConfigError,
     UnknownToolError,
@@ -51,6 +52,7 @@ __getattr__ = lazy_exports(
         "RehearsalEnv": ".env.rehearsal_env",
         "Episode": ".episode.episode",
         "EpisodeConfig": ".episode.types",
+        "UserSimulator": ".episode.users",
         "TransformersPolicy": ".policy.transformers",
         "make_policy": ".policy.factory",
     },
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from .env.rehearsal_env import RehearsalEnv
     from .episode.episode import Episode
     from .episode.types import EpisodeConfig
+    from .episode.users import UserSimulator
     from .policy.factory import make_policy
     from .policy.transformers import TransformersPolicy
 
@@ -94,6 +97,7 @@ __all__ = [
     "SchemaError",
     "Task",
     "TaskNotFoundError",
+    "TaskTooLongError",
     "ToolCall",
     "ToolCallFormat",
     "ToolError",
@@ -105,6 +109,7 @@ __all__ = [
     "TrainingConfigError",
     "TransformersPolicy",
     "UnknownToolError",
+    "UserSimulator",
     "ValidationResult",
     "list_domains",
     "make_domain",

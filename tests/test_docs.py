@@ -151,11 +151,11 @@ def _table_names(page: str, heading: str) -> set[str]:
 
 
 def test_the_info_table_names_every_key_an_episode_reports():
-    """docs/environment.md's `info` table against what reset, a step and two endings (one whose score raises)
-    actually put in info."""
+    """docs/environment.md's `info` table against what reset, a step and three endings (one whose score raises, one
+    whose simulated user cannot be used) actually put in info."""
     import gymnasium as gym
 
-    from envace_gym import ToolCall
+    from envace_gym import ToolCall, UserSimulator
     from envace_gym.testing import ScriptedPolicy
 
     seen: set[str] = set()
@@ -166,7 +166,11 @@ def test_the_info_table_names_every_key_an_episode_reports():
         seen |= set(env.reset(seed=0, options={"task": "bank/000"})[1])
         seen |= set(env.step(ToolCall("find_accounts", {"owner": "Nobody"}).to_text())[4])
         seen |= set(env.step("Done.")[4])
-    assert "reward_error" in seen and seen <= _table_names("docs/environment.md", "## `info`"), seen
+    env = gym.make("EnvACE-Rehearsal-v0", domain="travel", policy=ScriptedPolicy([]), executor="real",
+                   user=UserSimulator(ScriptedPolicy([""])))  # fmt: skip
+    env.reset(seed=0)
+    seen |= set(env.step("Which date?")[4])
+    assert {"reward_error", "user_error"} <= seen <= _table_names("docs/environment.md", "## `info`"), seen
 
 
 def test_the_trajectory_table_is_the_trajectory():

@@ -156,7 +156,7 @@ hostile_values = st.recursive(
 ) | st.builds(lambda depth, leaf: functools.reduce(lambda inner, _: [inner], range(depth), leaf), st.integers(10, 30),
               json_scalars)  # deep lists: what a $ref recursing through anyOf explores branch by branch  # fmt: skip
 SCHEMA_STEP_BOUND_S = 2.0  # the bound docs/reliability.md promises for one step's own work
-CHECK_BUDGET_S = 0.05  # Limits.max_check_seconds in the fuzz (1 s by default): a short one keeps the fuzz quick
+CHECK_BUDGET_S = 0.02  # Limits.max_check_seconds in the fuzz (1 s by default): a short one keeps the fuzz quick
 
 
 def _recursing(parameters):

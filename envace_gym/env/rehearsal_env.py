@@ -15,6 +15,7 @@ from ..domains.task import Task
 from ..episode.driver import Actor, EpisodeDriver, StepCoroutine, open_session
 from ..episode.episode import Episode
 from ..episode.types import MAX_OBSERVATION_CHARS, MAX_USER_TURNS, EpisodeConfig
+from ..episode.users import UserSimulator, check_user, make_user
 from ..errors import EnvACEError, TaskTooLongError
 from ..parsing.act import Limits
 from ..policy.factory import make_policy
@@ -69,9 +70,10 @@ class RehearsalEnv(gym.Env[str, str]):
 
     ## Episode End
 
-    Terminated: a final answer when no scripted user turn is left, or (``on_invalid="terminate"``) an
-    invalid call. Truncated: ``max_turns`` Act turns, ``max_user_turns`` user turns, or the next prompt
-    not fitting the policy's context or the observation space.
+    Terminated: a final answer when no scripted user turn is left (with a simulated user: its stop marker), or
+    (``on_invalid="terminate"``) an invalid call. Truncated: ``max_turns`` Act turns, ``max_user_turns`` user
+    turns, the next prompt not fitting the policy's context or the observation space, or a simulated user's
+    reply that cannot be used (the reward is masked).
 
     ## Info
 
@@ -108,6 +110,9 @@ class RehearsalEnv(gym.Env[str, str]):
     * ``domain_kwargs``: passed to the domain factory (e.g. ``{"num_tasks": {"train": 50}}``).
     * ``reuse_kv``: keep the conversation's KV cache between turns (:mod:`envace_gym.policy.sessions`), so a
       turn encodes only its new tokens.
+    * ``user``: who answers the agent's final answers: ``"scripted"`` (the task's later user turns, replayed),
+      or an LLM user simulator (:mod:`envace_gym.episode.users`, τ²-Bench's protocol): ``"policy"`` (the
+      policy plays the user too), any :class:`~envace_gym.policy.Policy`, or a ``UserSimulator``.
     * ``render_mode``: ``"ansi"`` (returns the conversation) or ``"human"`` (prints it).
     """
 
@@ -131,6 +136,7 @@ class RehearsalEnv(gym.Env[str, str]):
         tool_call_format: str | None = None,
         domain_kwargs: Mapping[str, Any] | None = None,
         reuse_kv: bool = True,
+        user: Any = "scripted",
         render_mode: str | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -147,6 +153,8 @@ class RehearsalEnv(gym.Env[str, str]):
             limits=limits,
             tool_call_format=tool_call_format,
         )
+        check_user(user)
+        self._user_spec, self._user = user, None
         self.split = split
         self.act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
         self.render_mode = render_mode
@@ -167,6 +175,13 @@ class RehearsalEnv(gym.Env[str, str]):
         if self._policy is None:
             self._policy = make_policy(self._policy_spec)
         return self._policy
+
+    @property
+    def user(self) -> UserSimulator | None:
+        """The simulated user (built from ``user=`` on first use; ``None``: the task's scripted user turns)."""
+        if self._user is None and self._user_spec not in (None, "scripted"):
+            self._user = make_user(self._user_spec, lambda: self.policy)
+        return self._user
 
     @property
     def session(self) -> Any:
@@ -229,6 +244,7 @@ class RehearsalEnv(gym.Env[str, str]):
                     act_max_new_tokens=self.act_sampling.max_new_tokens,
                     key=id(self),
                     max_observation_chars=self.observation_space.max_length,
+                    user=self.user,
                 )
                 break
             except TaskTooLongError as exc:

@@ -1,8 +1,8 @@
 """One episode of world rehearsal, as token ids that only grow, and the driver that answers its generations.
 
 :mod:`.chat` lays the conversation out in the model's chat template; :mod:`.episode` plays one Act turn
-(parse, validate, route, rehearse, reward); :class:`~.driver.EpisodeDriver` runs many episodes' turns against
-one policy.
+(parse, validate, route, rehearse, reward); :mod:`.users` simulates users; :class:`~.driver.EpisodeDriver` runs
+many episodes' turns against one policy.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .types import (
     Row,
     StepOutcome,
 )
+from .users import UserSimulator
 
 __all__ = [
     "CallState",
@@ -36,6 +37,7 @@ __all__ = [
     "Row",
     "StepCoroutine",
     "StepOutcome",
+    "UserSimulator",
     "fulfil",
     "generate_batched",
     "open_session",

@@ -61,11 +61,24 @@ class EpisodeDriver:
         return generate_batched(self.policy, prompts, params, self.rng, self.session, keys)
 
     def fulfil(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """Every request generated, one batch per sampling setting (see :func:`fulfil`), by the simulator if
-        there is one (without the policy's KV session: its caches hold the policy's activations)."""
-        if self.simulator is not None:
-            return fulfil(self.simulator, requests, self.rng)
-        return fulfil(self.policy, requests, self.rng, self.session)
+        """Every request generated, one batch per sampling setting (see :func:`fulfil`): by the policy a request
+        names (a simulated user's), else by the simulator if there is one (without the policy's KV session: its
+        caches hold the policy's activations), else by the policy."""
+        out: list[Generation | None] = [None] * len(requests)
+        by_generator: dict[int, tuple[Policy | None, list[int]]] = {}
+        for i, request in enumerate(requests):
+            by_generator.setdefault(id(request.generator), (request.generator, []))[1].append(i)
+        for generator, indices in by_generator.values():
+            mine = [requests[i] for i in indices]
+            if generator is not None:
+                gens = fulfil(generator, mine, self.rng)
+            elif self.simulator is not None:
+                gens = fulfil(self.simulator, mine, self.rng)
+            else:
+                gens = fulfil(self.policy, mine, self.rng, self.session)
+            for i, gen in zip(indices, gens, strict=True):
+                out[i] = gen
+        return out  # type: ignore[return-value]
 
     # -- playing --------------------------------------------------------------------------------------
     def act(self, episodes: Sequence[Episode], params: SamplingParams, actor: Actor | None = None) -> list[Generation]:

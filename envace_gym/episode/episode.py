@@ -50,6 +50,7 @@ from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
 from .chat import ChatFormat
 from .types import MAX_OBSERVATION_CHARS, CallState, EpisodeConfig, GenerationRequest, Row, StepOutcome
+from .users import UserReply, UserSimulator
 
 logger = logging.getLogger("envace_gym")
 
@@ -79,6 +80,8 @@ class Episode:
         key: Names this conversation for KV-cache reuse (see :mod:`envace_gym.policy.sessions`).
         max_observation_chars: The longest the conversation's text (the observation) may grow: a message that
             would make it longer is not kept and ends the episode (``truncation="context"``).
+        user: A simulated user (:class:`~envace_gym.episode.users.UserSimulator`) that answers each final answer
+            of the agent, instead of the task's scripted user turns; ``None``: scripted.
 
     Raises:
         TaskTooLongError: The task's opening prompt does not fit: with ``act_max_new_tokens`` (at least one) left
@@ -97,10 +100,11 @@ class Episode:
         act_max_new_tokens: int = 512,
         key: Hashable | None = None,
         max_observation_chars: int = MAX_OBSERVATION_CHARS,
+        user: UserSimulator | None = None,
     ) -> None:
         self.domain, self.task, self.config, self.tokenizer, self.rng = domain, task, config, tokenizer, rng
         self.max_context, self.act_max_new_tokens, self.key = max_context, act_max_new_tokens, key
-        self.max_observation_chars = max_observation_chars
+        self.max_observation_chars, self.user = max_observation_chars, user
         self.chat = ChatFormat.of(tokenizer)
         self.tool_format = tool_call_format(
             tokenizer, config.tool_call_format, self.chat.generation_prompt, self.chat.end_texts
@@ -133,10 +137,11 @@ class Episode:
         self._turn_open = False  # the last Act turn was cut before its end token
         self.rows: list[Row] = []  # separate mode: one row per generation
         self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
-        if self.pending_user_turns and self.chat.user_turns_ok is not None:
+        if (self.pending_user_turns or user is not None) and self.chat.user_turns_ok is not None:
             raise PolicyError(
-                f"task {task.id!r} has {len(self.pending_user_turns)} later user turn(s), but this chat template "
-                f"rewrites earlier turns once a new user turn follows (Qwen3.5 drops their <think> blocks), so the "
+                f"task {task.id!r} has {len(self.pending_user_turns)} later user turn(s)"
+                f"{' and a simulated user' if user is not None else ''}, but this chat template rewrites earlier turns "
+                f"once a new user turn follows (Qwen3.5 drops their <think> blocks), so the "
                 f"conversation cannot grow by appending ids ({self.chat.user_turns_ok}); play single-turn tasks, "
                 "or use a template that keeps past turns as they were"
             )
@@ -195,6 +200,7 @@ class Episode:
         twin.prompt_ids, twin._ids, twin._logprobs, twin._mask = list(self.prompt_ids), [], [], []
         twin.rows, twin.records, twin.answers = [], [], []  # only what happens in the copy
         twin.pending_user_turns, twin.scored, twin.done, twin.reward_result = [], False, False, None
+        twin.user = None
         twin.max_turns = self.turn + (config.max_turns or self.max_turns)
         if note is not None:
             twin.prompt_ids, twin.prompt_text = self.prompt_with_note(note)
@@ -280,6 +286,8 @@ class Episode:
 
         if parsed.is_final_answer:
             self.answers.append(parsed.content)
+            if self.user is not None:
+                return (yield from self._simulated_user_turn(self.user, info))
             if not self.pending_user_turns:
                 return self._finish(info, terminated=True)
             self._add_messages([{"role": "user", "content": self.pending_user_turns.pop(0)}])
@@ -319,6 +327,37 @@ class Episode:
         errors = [s.error for s in states if s.error is not None]
         if errors:
             return self._after_errors(errors, info)
+        return self._continue(info)
+
+    def _simulated_user_turn(
+        self, user: UserSimulator, info: dict[str, Any]
+    ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
+        """The simulated user answers the agent's final answer: a message (context, never trained), a stop marker
+        (the end: the reward is scored), or a reply that cannot be used (the end, masked: not the agent's fault)."""
+        if self.user_turns >= self.config.max_user_turns:
+            info["truncation"] = "max_user_turns"
+            return self._finish(info, terminated=False)
+        request = GenerationRequest(user.prompt_ids(self.task, self.messages), user.sampling, generator=user.policy)
+        generation: Generation | None = None
+        if len(request.prompt_ids) + user.sampling.max_new_tokens > user.policy.max_context:
+            reply = UserReply(error=f"the user's prompt ({len(request.prompt_ids)} tokens) and reply do not fit its "
+                                    f"model's context ({user.policy.max_context})")  # fmt: skip
+        else:
+            (generation,) = yield [request]
+            reply = user.read(generation)
+        info["user"] = {
+            "text": generation.text if generation else "", "stop": reply.stop, "error": reply.error,
+            "prompt_ids": list(request.prompt_ids), "completion_ids": list(generation.completion_ids) if generation else [],
+        }  # fmt: skip
+        if reply.error is not None:
+            logger.warning("episode of %s masked: %s", self.task.id, reply.error)
+            self.done, self.reward_result = True, RewardResult(None, {})
+            info["user_error"] = reply.error
+            return self._outcome(0.0, False, True, info)
+        if reply.stop is not None:
+            return self._finish(info, terminated=True)
+        self._add_messages([{"role": "user", "content": reply.text}])
+        self.user_turns += 1
         return self._continue(info)
 
     def _answer_without_model(self, state: CallState) -> None:

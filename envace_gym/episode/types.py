@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import ToolError
 from ..parsing.act import DEFAULT_LIMITS, Limits
 from ..parsing.formats import FORMATS
-from ..policy.protocol import SamplingParams
+from ..policy.protocol import Policy, SamplingParams
 from ..rehearsal.prompt import RehearsalConfig
 from ..rehearsal.routing import EXECUTORS
 from ..tools.schema import ToolCall
@@ -116,11 +116,13 @@ class GenerationRequest:
     """A prompt the episode needs generated. ``params.seed`` is left unset: whoever batches the
     requests seeds each batch, from its own ``np_random``. ``key`` names the conversation the prompt
     continues (``inline`` rehearsals), so a generation session can reuse its KV cache; ``None`` for a
-    fresh prompt."""
+    fresh prompt. ``generator`` is the policy that must write it (a simulated user's model); ``None``: the
+    driver's policy (or its simulator)."""
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     key: Hashable | None = None
+    generator: Policy | None = None
 
 
 @dataclass

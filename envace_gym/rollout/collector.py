@@ -26,6 +26,7 @@ from ..domains.task import Task
 from ..episode.driver import Actor, EpisodeDriver, open_session
 from ..episode.episode import Episode
 from ..episode.types import MAX_USER_TURNS, EpisodeConfig, Row
+from ..episode.users import make_user
 from ..errors import TaskTooLongError
 from ..parsing.act import DEFAULT_LIMITS, Limits
 from ..policy.protocol import Policy, SamplingParams
@@ -117,6 +118,7 @@ def collect_rollouts(
     simulator: Policy | None = None,
     progress: Progress = False,
     unfit: str = "skip",
+    user: Any = "scripted",
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
 
@@ -141,6 +143,9 @@ def collect_rollouts(
             paper's ablation in which only the Act role learns.
         progress: ``True`` (or a label) shows a bar of finished episodes with the generation round; a callable
             is called as ``progress(done, total)`` each time an episode finishes (:mod:`envace_gym.progress`).
+        user: Who answers the agent's final answers, as for :class:`~envace_gym.RehearsalEnv`: ``"scripted"``,
+            ``"policy"``, a :class:`~envace_gym.policy.Policy` or a ``UserSimulator``; the simulated users'
+            turns of a round are generated in one batch.
         unfit: A task whose opening prompt does not fit the policy's context (with the Act turn's budget) or
             the observation space: ``"skip"`` it with a warning, counted in ``stats["skipped_tasks"]`` (its
             group is absent from the batch), or ``"raise"`` its :class:`~envace_gym.errors.TaskTooLongError`.
@@ -154,6 +159,7 @@ def collect_rollouts(
     if simulator is not None and rehearsal_mode != "separate":
         raise ValueError("a separate simulator rehearses in rehearsal_mode='separate' only (inline: the policy's own chat)")
     domain = make_domain(domain)
+    simulated_user = make_user(user, lambda: policy)
     act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
     config = EpisodeConfig.build(
         executor=executor,
@@ -184,6 +190,7 @@ def collect_rollouts(
                     max_context=policy.max_context,
                     act_max_new_tokens=act_sampling.max_new_tokens if act == "policy" else 0,  # text turns: no reserve
                     key=len(episodes) + k,  # an episode's key is its index in `episodes`
+                    user=simulated_user,
                 )
                 for k in range(group_size)
             ]

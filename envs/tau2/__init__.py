@@ -177,6 +177,7 @@ class Tau2Domain(Domain):
                 "reward_basis": [str(getattr(b, "value", b)) for b in (criteria.reward_basis or [])]
                 if criteria
                 else [],
+                "user_scenario": str(raw.user_scenario),  # τ²'s own text of it, for a simulated user (user=)
             },
         )
 
