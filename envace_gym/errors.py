@@ -76,7 +76,8 @@ class ToolError:
 def raised_at(exc: BaseException) -> str | None:
     """``file:line (function)`` of the last frame of ``exc``'s traceback outside this package: where the domain
     author's own code raised; ``None`` when it did not pass through such code."""
-    theirs = [f for f in traceback.extract_tb(exc.__traceback__) if not Path(f.filename).resolve().is_relative_to(_PACKAGE)]
+    frames = traceback.extract_tb(exc.__traceback__)
+    theirs = [f for f in frames if not Path(f.filename).resolve().is_relative_to(_PACKAGE)]
     return f"{theirs[-1].filename}:{theirs[-1].lineno} ({theirs[-1].name})" if theirs else None
 
 

@@ -377,7 +377,7 @@ def test_generation_requests_and_call_states_hold_only_what_is_read():
 
     from envace_gym.episode import CallState, GenerationRequest
 
-    assert [f.name for f in dataclasses.fields(GenerationRequest)] == ["prompt_ids", "params", "key"]
+    assert [f.name for f in dataclasses.fields(GenerationRequest)] == ["prompt_ids", "params", "key", "generator"]
     state = CallState(ToolCall("find_accounts", {"owner": "Dara"}))
     assert (state.route, state.response, state.error) == (None, None, None)
 

@@ -468,10 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
         "first sentence. Nothing is built, and a 'module:attr' factory (the built-in domains, entry points) is read "
         "from its module's source rather than imported, so the list is instant even for benchmark families whose "
         "data takes seconds to load. --details, or naming domains, builds them and counts their tools and tasks (a "
-        "generator's tasks are built to be counted). --check runs the domain check on every task: tool schemas (misspelt keywords, "
-        "required names no property defines), reference calls against their schemas and whitelist, recorded results "
-        "against the real executor, and the reward of the reference solution on a sample; it exits with 1 when "
-        "there is an error.",
+        "generator's tasks are built to be counted). --check runs the domain check on every task: tool schemas "
+        "(misspelt keywords, required names no property defines), reference calls against their schemas and "
+        "whitelist, recorded results against the real executor, and the reward of the reference solution on a "
+        "sample; it exits with 1 when there is an error.",
     )  # fmt: skip
     domains.add_argument(
         "names", nargs="*", metavar="NAME",

@@ -346,9 +346,12 @@ class Episode:
             (generation,) = yield [request]
             reply = user.read(generation)
         info["user"] = {
-            "text": generation.text if generation else "", "stop": reply.stop, "error": reply.error,
-            "prompt_ids": list(request.prompt_ids), "completion_ids": list(generation.completion_ids) if generation else [],
-        }  # fmt: skip
+            "text": generation.text if generation else "",
+            "stop": reply.stop,
+            "error": reply.error,
+            "prompt_ids": list(request.prompt_ids),
+            "completion_ids": list(generation.completion_ids) if generation else [],
+        }
         if reply.error is not None:
             logger.warning("episode of %s masked: %s", self.task.id, reply.error)
             self.done, self.reward_result = True, RewardResult(None, {})

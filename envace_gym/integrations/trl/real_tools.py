@@ -86,7 +86,8 @@ def real_tools_reward(domain: str | Domain, reward: str = "domain"):
                     else as_reward_result(dom.score(env.task, trajectory), dom.name)
                 )
             except Exception as exc:  # a verifier that fails masks the episode, never a silent 0
-                logger.warning("reward of %s masked: the verifier failed (%s: %s)", env.task.id, type(exc).__name__, exc)
+                why = f"{type(exc).__name__}: {exc}"
+                logger.warning("reward of %s masked: the verifier failed (%s)", env.task.id, why)
                 out.append(None)
                 reward.masked_episodes += 1  # type: ignore[attr-defined]
                 continue
