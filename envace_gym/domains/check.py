@@ -218,10 +218,11 @@ def _result_findings(domain: Domain, task: Task) -> Iterator[Finding]:
                               "the results (or ignore this for a tool that is not deterministic)")  # fmt: skip
 
 
-def reference_trajectory(domain: Domain, task: Task) -> Trajectory:
-    """What an episode that plays ``task``'s reference solution leaves for the reward: its calls (all valid, with
-    their recorded results), its answers, and its conversation."""
-    route = "real" if domain.make_executor(task) is not None else "cache"
+def reference_trajectory(task: Task) -> Trajectory:
+    """What an episode that plays ``task``'s reference solution leaves for the reward: its calls (all valid, answered
+    from their recorded results: route ``"cache"``), its answers, and its conversation. No executor is built (a τ²
+    one loads a database)."""
+    route = "cache"
     records: list[CallRecord] = []
     answers: list[str] = []
     messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
@@ -244,7 +245,7 @@ def _reward_findings(domain: Domain, task: Task) -> Iterator[Finding]:
     if not task.reference:  # no reference solution (BFCL's live_relevance has no ground truth): nothing to score
         return
     try:
-        result = as_reward_result(domain.score(task, reference_trajectory(domain, task)), domain.name)
+        result = as_reward_result(domain.score(task, reference_trajectory(task)), domain.name)
     except DomainError as exc:
         yield Finding("error", _where(domain, task), str(exc))
         return
