@@ -244,7 +244,7 @@ def test_context_guard_truncates(tiny):
 
 
 def test_text_turns_reserve_nothing_and_one_that_does_not_fit_ends_the_episode_whole():
-    from envace_gym.episode import Episode, EpisodeConfig, run_lockstep
+    from envace_gym.episode import Episode, EpisodeConfig, EpisodeDriver
     from envace_gym.rollout import collect_rollouts
 
     domain = make_domain("bank")
@@ -257,17 +257,17 @@ def test_text_turns_reserve_nothing_and_one_that_does_not_fit_ends_the_episode_w
                        act_max_new_tokens=0)  # fmt: skip
 
     probe = episode(1_000_000)
-    run_lockstep([probe.step(task.reference[0].text)], policy, rng)
+    EpisodeDriver(policy, rng).drive([probe.step(task.reference[0].text)])
     fits = len(probe.prompt_ids)  # exactly the first turn and its answer
     played = episode(fits)
-    (first,) = run_lockstep([played.step(task.reference[0].text)], policy, rng)
+    (first,) = EpisodeDriver(policy, rng).drive([played.step(task.reference[0].text)])
     assert not (first.terminated or first.truncated) and played.prompt_ids == probe.prompt_ids
     before = (list(played.prompt_ids), list(played.messages))
-    (second,) = run_lockstep([played.step(task.reference[1].text)], policy, rng)
+    (second,) = EpisodeDriver(policy, rng).drive([played.step(task.reference[1].text)])
     assert second.truncated and second.info["truncation"] == "context" and played.turn == 1
     assert (played.prompt_ids, played.messages) == before  # nothing of the turn that did not fit was kept
     # a replay reserves nothing for Act turns it does not generate: two turns fit exactly, both are played
-    run_lockstep([probe.step(task.reference[1].text)], policy, rng)
+    EpisodeDriver(policy, rng).drive([probe.step(task.reference[1].text)])
     policy.max_context = len(probe.prompt_ids)
     (result,) = collect_rollouts(policy, domain, [task], executor="real", act="reference").episodes
     assert result.turns >= 2
@@ -377,7 +377,7 @@ def test_generation_requests_and_call_states_hold_only_what_is_read():
 
     from envace_gym.episode import CallState, GenerationRequest
 
-    assert [f.name for f in dataclasses.fields(GenerationRequest)] == ["prompt_ids", "params", "key", "generator"]
+    assert [f.name for f in dataclasses.fields(GenerationRequest)] == ["prompt_ids", "params", "key"]
     state = CallState(ToolCall("find_accounts", {"owner": "Dara"}))
     assert (state.route, state.response, state.error) == (None, None, None)
 
@@ -397,7 +397,7 @@ def test_the_env_hands_out_its_episode_step_and_keeps_an_actors_generation(tiny)
         return inner.driver().generate([e.prompt_ids for e in episodes], SamplingParams(max_new_tokens=8), keys)
 
     step = inner.step_coroutine(ToolCall("find_accounts", {"owner": "Nobody"}).to_text())
-    (outcome,) = EpisodeDriver.without_policy("the real executor answers").step([step])
+    (outcome,) = EpisodeDriver.without_policy("the real executor answers").drive([step])
     assert not (outcome.terminated or outcome.truncated) and outcome.info["act"]["generated"] is False
     action = inner.act(actor=actor)
     assert seen == [([inner.episode], [inner.episode.key])]

@@ -16,7 +16,8 @@ import torch
 
 import envace_gym  # noqa: F401
 from envace_gym.domains import CallRecord, DatasetDomain, Trajectory, register_domain
-from envace_gym.domains.judge import ChecklistJudge, EndpointJudge, TransformersJudge, judge_prompt, read_verdict
+from envace_gym.domains.judge import ChecklistJudge, TransformersJudge, judge_prompt, read_verdict
+from envace_gym.endpoint import ChatEndpoint
 from envace_gym.errors import DomainError, ErrorCode, ToolError
 from envace_gym.rollout import collect_rollouts
 from envace_gym.testing import ScriptedPolicy, tiny_model, tiny_policy, tiny_tokenizer
@@ -91,7 +92,7 @@ def test_unreadable_verdicts_mask_the_episode_after_retries():
     result = broken(task, trajectory(task))
     assert result.score is None and result.checks == {"judge_read": False} and broken.failures == 1
     assert not result.success  # a masked episode is never a success
-    offline = ChecklistJudge(EndpointJudge("http://127.0.0.1:9/v1", "judge", timeout=2), retries=0)
+    offline = ChecklistJudge(ChatEndpoint("http://127.0.0.1:9/v1", "judge", timeout=2), retries=0)
     assert offline(task, trajectory(task)).score is None and offline.failures == 1  # transport error: masked
     with pytest.raises(DomainError, match="envace checklists"):
         ChecklistJudge(Scripted(lambda p: PASS))(
@@ -207,7 +208,7 @@ def test_the_endpoint_backend_scores_through_a_real_local_server(tmp_path):
                 if time.time() > deadline or server.poll() is not None:
                     pytest.fail("transformers serve did not come up")
                 time.sleep(0.5)
-        judge = ChecklistJudge(EndpointJudge(f"http://127.0.0.1:{port}/v1", str(model_dir), max_concurrency=4,
+        judge = ChecklistJudge(ChatEndpoint(f"http://127.0.0.1:{port}/v1", str(model_dir), max_concurrency=4,
                                              timeout=60, temperature=0.0, max_tokens=24))  # fmt: skip
         result = judge(task, trajectory(task))
         assert result.score == pytest.approx(1.0), result

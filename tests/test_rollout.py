@@ -235,7 +235,7 @@ def test_collect_rollouts_honours_max_user_turns():
 def test_the_driver_plays_a_turn_as_generate_then_lockstep_did(tiny):
     import numpy as np
 
-    from envace_gym.episode import Episode, EpisodeConfig, EpisodeDriver, generate_batched, run_lockstep
+    from envace_gym.episode import Episode, EpisodeConfig, EpisodeDriver, generate_batched
 
     domain = make_domain("bank")
     config = EpisodeConfig.build(on_invalid="feedback", rehearsal={"max_new_tokens": 8, "temperature": 1.0})
@@ -249,7 +249,7 @@ def test_the_driver_plays_a_turn_as_generate_then_lockstep_did(tiny):
 
     by_hand, rng = episodes(), np.random.default_rng(7)
     gens = generate_batched(tiny, [e.prompt_ids for e in by_hand], params, rng, None, [e.key for e in by_hand])
-    manual = run_lockstep([e.step(g.text, g) for e, g in zip(by_hand, gens, strict=True)], tiny, rng)
+    manual = EpisodeDriver(tiny, rng).drive([e.step(g.text, g) for e, g in zip(by_hand, gens, strict=True)])
     driven = episodes()
     done = []
     outcomes = EpisodeDriver(tiny, np.random.default_rng(7)).play_turn(driven, params, on_done=done.append)

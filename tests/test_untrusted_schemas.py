@@ -23,14 +23,14 @@ from gymnasium.utils.env_checker import check_env
 
 from envace_gym import Limits, ToolCall, ToolSchema, make_domain
 from envace_gym.domains.dataset import DatasetDomain
-from envace_gym.episode import Episode, EpisodeConfig, run_lockstep
-from envace_gym.evaluation.evaluate import evaluate
+from envace_gym.episode import Episode, EpisodeConfig, EpisodeDriver
 from envace_gym.errors import ErrorCode, SchemaError, TaskTooLongError
+from envace_gym.evaluation.evaluate import evaluate
 from envace_gym.rollout import collect_rollouts
-from envace_gym.training.sft import sft_rows
 from envace_gym.testing import ScriptedPolicy
 from envace_gym.tools.budget import StepBudget
 from envace_gym.tools.patterns import LOCAL_REFERENCES, linear_time
+from envace_gym.training.sft import sft_rows
 
 CATASTROPHIC = "^(a+)+$"  # Python's re backtracks exponentially on "aaa...a!"
 HOSTILE = "a" * 34 + "!"
@@ -309,7 +309,7 @@ def test_a_message_that_would_take_the_observation_past_its_space_is_not_kept():
     bound = len(probe.prompt_text) + 200  # room for the Act turn, not for its answer
     episode = Episode(domain, task, EpisodeConfig(executor="real"), policy.tokenizer, np.random.default_rng(0),
                       max_observation_chars=bound)  # fmt: skip
-    (outcome,) = run_lockstep([episode.step(ToolCall("find_accounts", {"owner": "Ana"}).to_text())], policy, episode.rng)
+    (outcome,) = EpisodeDriver(policy, episode.rng).drive([episode.step(ToolCall("find_accounts", {"owner": "Ana"}).to_text())])
     assert outcome.truncated and outcome.info["truncation"] == "context"
     assert len(outcome.observation) <= bound and [m["role"] for m in episode.messages] == ["system", "user", "assistant"]
     assert episode.records and episode.records[-1].call.name == "find_accounts"  # the call itself was made

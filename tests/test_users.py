@@ -7,6 +7,7 @@ import gymnasium as gym
 import pytest
 
 import envace_gym  # noqa: F401  (registers the ids)
+from envace_gym.endpoint import ChatEndpoint
 from envace_gym.episode.chat import ChatFormat
 from envace_gym.episode.users import OPENING, STOP_MARKERS, UserSimulator, check_user, task_scenario
 from envace_gym.policy.protocol import SamplingParams
@@ -99,7 +100,7 @@ def test_the_policy_itself_can_play_the_user():
     typed outcome, and only the agent's own turns are trained."""
     policy = tiny_policy(seed=3)
     batch = collect_rollouts(policy, "travel", ["travel/000", "travel/001"], group_size=2, executor="real",
-                             act_sampling=SamplingParams(max_new_tokens=12), max_user_turns=3, user="policy")  # fmt: skip
+                             act_sampling=SamplingParams(max_new_tokens=12), max_user_turns=3, user="llm")  # fmt: skip
     assert len(batch.episodes) == 4
     for episode in batch.episodes:
         assert episode.terminated or episode.truncated
@@ -107,9 +108,14 @@ def test_the_policy_itself_can_play_the_user():
 
 
 def test_user_settings_are_checked():
-    check_user("scripted"), check_user("policy"), check_user(None)
-    with pytest.raises(ValueError, match="user must be 'scripted', 'policy'"):
-        _env("llm")
+    check_user("scripted"), check_user("llm"), check_user("rehearse"), check_user(None)
+    check_user("http://127.0.0.1:9/v1", "a-model")
+    with pytest.raises(ValueError, match="user must be 'scripted', 'llm'"):
+        _env("policy")
+    with pytest.raises(ValueError, match="needs its model's name"):
+        _env("http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match="played by the policy itself"):
+        UserSimulator(ChatEndpoint("http://127.0.0.1:9/v1", "m"), trained=True)
     with pytest.raises(ValueError, match="instructions must hold '{scenario}'"):
         UserSimulator(ScriptedPolicy([]), instructions="Be a user.")
 

@@ -102,7 +102,9 @@ def _bench(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             sizes[name] = getattr(args, name)
     if args.backend != "transformers":
-        sizes = {k: v for k, v in sizes.items() if k in ("episodes", "rehearsal_episodes", "max_new_tokens", "act_turns")}
+        sizes = {
+            k: v for k, v in sizes.items() if k in ("episodes", "rehearsal_episodes", "max_new_tokens", "act_turns")
+        }
         measures = run_backend_bench(
             model=args.model, backend=args.backend, domain=args.domain, seed=args.seed,
             log=lambda m: print(m, flush=True), **sizes,
@@ -190,7 +192,9 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"  parse              {result.parsed:.3f}")
             print(f"  returns schema ok  {result.schema_ok:.3f}")
             print(f"  equal to real      {result.equal_to_real:.3f} (the call's own result in the prompt: copying)")
-            print(f"  ... own withheld   {result.equal_to_real_withheld:.3f} (simulation; parse {result.parsed_withheld:.3f})")
+            print(
+                f"  ... own withheld   {result.equal_to_real_withheld:.3f} (simulation; parse {result.parsed_withheld:.3f})"
+            )
             print(f"  policy's own calls {result.equal_to_real_own_calls:.3f} equal to real, {result.own_calls} calls "
                   f"(simulation; parse {result.parsed_own_calls:.3f})")  # fmt: skip
     else:
@@ -245,8 +249,9 @@ def _experiment(argv: Sequence[str]) -> int:
 
 def _checklists(args: argparse.Namespace) -> int:
     from ..domains.checklists import write_checklists
-    from ..domains.judge import EndpointJudge, TransformersJudge
+    from ..domains.judge import TransformersJudge
     from ..domains.registry import make_domain
+    from ..endpoint import ChatEndpoint
     from ..errors import EnvACEError
     from ..policy.transformers import check_model_source
 
@@ -256,7 +261,7 @@ def _checklists(args: argparse.Namespace) -> int:
         check_model_source(args.model)
     domain = make_domain(args.domain)  # a bad dataset fails before the judge model loads
     backend = (
-        EndpointJudge(args.base_url, args.judge_model) if args.base_url else TransformersJudge(args.model or "default")
+        ChatEndpoint(args.base_url, args.judge_model) if args.base_url else TransformersJudge(args.model or "default")
     )
     report = write_checklists(domain, backend, args.out, splits=args.split)
     print(

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..endpoint import ChatBackend
 from ..progress import Progress, ProgressReporter
 from ..text import strict_loads
 from .domain import Domain
-from .judge import JudgeBackend
 from .task import Task
 
 FACTS_SYSTEM = (
@@ -59,7 +59,7 @@ def _facts(text: str | None) -> list[str] | None:
     return [v.strip() for v in value[:8]]
 
 
-def derive_checklists(tasks: Sequence[Task], backend: JudgeBackend, report: ChecklistReport) -> list[list[list[dict]]]:
+def derive_checklists(tasks: Sequence[Task], backend: ChatBackend, report: ChecklistReport) -> list[list[list[dict]]]:
     """One checklist per task: ``[turn][item]`` dicts with the paper's fields."""
     turns = [_turns(t) for t in tasks]
     asks = [(i, k, answer) for i, task_turns in enumerate(turns) for k, (_, answer) in enumerate(task_turns) if answer]
@@ -127,7 +127,7 @@ def task_messages(task: Task) -> list[dict[str, Any]]:
 
 def write_checklists(
     domain: Domain,
-    backend: JudgeBackend,
+    backend: ChatBackend,
     out: str | Path,
     splits: Sequence[str] = ("train", "test"),
     batch: int = 16,

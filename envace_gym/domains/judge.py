@@ -10,8 +10,8 @@ Backends, both ``complete(prompts) -> [text or None]`` over chat prompts:
 
 * :class:`TransformersJudge`: an in-process model (the default model, a path, or any policy), all the items of an
   episode in one batched generation;
-* :class:`EndpointJudge`: an OpenAI-compatible ``/chat/completions`` endpoint (SGLang, vLLM, TGI,
-  ``transformers serve`` or a hosted API), with concurrent requests and a timeout.
+* :class:`~envace_gym.endpoint.ChatEndpoint`: an OpenAI-compatible ``/chat/completions`` endpoint (SGLang, vLLM,
+  TGI, ``transformers serve`` or a hosted API), with concurrent requests and a timeout.
 
 Verdicts are cached by (item, turn transcript), so the episodes of a GRPO group that did the same thing pay once.
 """
@@ -21,12 +21,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import urllib.request
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
+from ..endpoint import ChatBackend, Prompt
 from ..errors import DomainError
 from ..policy.protocol import SamplingParams
 from ..text import strict_loads
@@ -36,20 +35,12 @@ from .task import Task
 from .trajectory import Trajectory
 
 logger = logging.getLogger("envace_gym")
-Prompt = list[dict[str, str]]
 
 JUDGE_SYSTEM = (
     "You are a strict evaluator of an AI assistant's work. You get one turn of a conversation between a user and "
     "an assistant that uses tools, and one checklist item. Decide whether the turn satisfies the item's pass "
     'condition. Reply with JSON only, exactly {"pass": true, "reason": "..."} or {"pass": false, "reason": "..."}.'
 )
-
-
-class JudgeBackend(Protocol):
-    def complete(self, prompts: Sequence[Prompt], attempt: int = 0) -> list[str | None]:
-        """One completion per chat prompt; ``None`` where the backend failed (timeout, transport). ``attempt``
-        counts the resamples of the same prompts, so a seeded backend can draw a new sample."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -141,12 +132,13 @@ class ChecklistJudge:
     """The checklist reward as a ``(task, trajectory) -> RewardResult`` callable (a domain's ``reward=``).
 
     Args:
-        backend: A :class:`TransformersJudge`, an :class:`EndpointJudge` or any :class:`JudgeBackend`.
+        backend: A :class:`TransformersJudge`, a :class:`~envace_gym.endpoint.ChatEndpoint` or any
+            :class:`~envace_gym.endpoint.ChatBackend`.
         retries: Resamples of a verdict that is not the strict JSON before the episode is masked.
         cache: Keep verdicts by (item, turn transcript).
     """
 
-    backend: JudgeBackend
+    backend: ChatBackend
     retries: int = 2
     cache: bool = True
     failures: int = 0  # episodes masked because the judge could not be read
@@ -241,51 +233,9 @@ class TransformersJudge:
             return [None] * len(prompts)
 
 
-class EndpointJudge:
-    """An OpenAI-compatible chat endpoint: ``base_url`` up to ``/v1`` (e.g. ``http://localhost:30000/v1``),
-    ``model`` its model name. Requests run ``max_concurrency`` at a time; each waits at most ``timeout`` seconds."""
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        api_key: str | None = None,
-        timeout: float = 60.0,
-        max_concurrency: int = 8,
-        temperature: float = 0.6,
-        top_p: float = 0.8,
-        max_tokens: int = 256,
-    ) -> None:
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.api_key, self.timeout = model, api_key, timeout
-        self.max_concurrency = max_concurrency
-        self.params = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
-
-    def _one(self, prompt: Prompt) -> str | None:
-        body = json.dumps({"model": self.model, "messages": prompt, **self.params}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url, body, headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                data = json.loads(response.read())
-            return data["choices"][0]["message"]["content"]
-        except Exception as exc:  # transport (URLError, HTTPException, a timeout) or a malformed reply: no verdict
-            logger.warning("checklist judge: %s failed (%s: %s)", self.url, type(exc).__name__, exc)
-            return None
-
-    def complete(self, prompts: Sequence[Prompt], attempt: int = 0) -> list[str | None]:
-        with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(prompts)))) as pool:
-            return list(pool.map(self._one, prompts))
-
-
 __all__ = [
     "ChecklistItem",
     "ChecklistJudge",
-    "EndpointJudge",
-    "JudgeBackend",
     "TransformersJudge",
     "checklists_of",
     "judge_prompt",

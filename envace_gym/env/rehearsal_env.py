@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
-
-import logging
 
 import gymnasium as gym
 
@@ -111,8 +110,11 @@ class RehearsalEnv(gym.Env[str, str]):
     * ``reuse_kv``: keep the conversation's KV cache between turns (:mod:`envace_gym.policy.sessions`), so a
       turn encodes only its new tokens.
     * ``user``: who answers the agent's final answers: ``"scripted"`` (the task's later user turns, replayed),
-      or an LLM user simulator (:mod:`envace_gym.episode.users`, τ²-Bench's protocol): ``"policy"`` (the
-      policy plays the user too), any :class:`~envace_gym.policy.Policy`, or a ``UserSimulator``.
+      or an LLM user simulator (:mod:`envace_gym.episode.users`, τ²-Bench's protocol): ``"llm"`` (the policy
+      plays the user too), ``"rehearse"`` (as ``"llm"``, and the user's generations are training rows of role
+      ``"user"``), an OpenAI-compatible endpoint URL (``user_model`` names its model), any
+      :class:`~envace_gym.policy.Policy`, or a ``UserSimulator``. Where the task carries a scenario of its own
+      (τ²-Bench's), the simulated user also writes the first message, at :meth:`reset`.
     * ``render_mode``: ``"ansi"`` (returns the conversation) or ``"human"`` (prints it).
     """
 
@@ -137,6 +139,7 @@ class RehearsalEnv(gym.Env[str, str]):
         domain_kwargs: Mapping[str, Any] | None = None,
         reuse_kv: bool = True,
         user: Any = "scripted",
+        user_model: str | None = None,
         render_mode: str | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -153,8 +156,8 @@ class RehearsalEnv(gym.Env[str, str]):
             limits=limits,
             tool_call_format=tool_call_format,
         )
-        check_user(user)
-        self._user_spec, self._user = user, None
+        check_user(user, user_model)
+        self._user_spec, self._user_model, self._user = user, user_model, None
         self.split = split
         self.act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
         self.render_mode = render_mode
@@ -180,7 +183,7 @@ class RehearsalEnv(gym.Env[str, str]):
     def user(self) -> UserSimulator | None:
         """The simulated user (built from ``user=`` on first use; ``None``: the task's scripted user turns)."""
         if self._user is None and self._user_spec not in (None, "scripted"):
-            self._user = make_user(self._user_spec, lambda: self.policy)
+            self._user = make_user(self._user_spec, lambda: self.policy, self._user_model)
         return self._user
 
     @property
@@ -233,6 +236,8 @@ class RehearsalEnv(gym.Env[str, str]):
             task = self._resolve_task(chosen)
             if chosen is None and task.id in self.unfit_tasks:
                 continue  # drawn again as when it was first found too long: a seed always gives the same task
+            # a simulated user that writes the first message (τ²-Bench's) writes it now
+            (opening,) = self.user.openings([task], self.np_random) if self.user is not None else (None,)
             try:
                 self._episode = Episode(
                     self.domain,
@@ -245,6 +250,7 @@ class RehearsalEnv(gym.Env[str, str]):
                     key=id(self),
                     max_observation_chars=self.observation_space.max_length,
                     user=self.user,
+                    opening=opening,
                 )
                 break
             except TaskTooLongError as exc:
@@ -267,7 +273,7 @@ class RehearsalEnv(gym.Env[str, str]):
             driver = EpisodeDriver(_LoadOnGenerate(self), self.np_random)
         else:
             driver = self.driver()
-        (outcome,) = driver.step([step])
+        (outcome,) = driver.drive([step])
         if self.render_mode == "human":
             self.render()
         return outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info

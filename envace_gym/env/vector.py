@@ -134,7 +134,7 @@ class RehearsalVectorEnv(VectorEnv):
             stepping.append(i)
             coroutines.append(env.step_coroutine(actions[i], act))
         bar = ProgressReporter(self.progress, len(coroutines), "sub-env turns", "env")
-        outcomes = self.driver().step(coroutines, on_done=lambda _: bar.update())
+        outcomes = self.driver().drive(coroutines, on_done=lambda _: bar.update())
         bar.close()
         for i, outcome in zip(stepping, outcomes, strict=True):
             obs[i], rewards[i] = outcome.observation, outcome.reward

@@ -2,14 +2,14 @@
 
 :mod:`.chat` lays the conversation out in the model's chat template; :mod:`.episode` plays one Act turn
 (parse, validate, route, rehearse, reward); :mod:`.users` simulates users; :class:`~.driver.EpisodeDriver` runs
-many episodes' turns against one policy.
+many episodes against one policy (the episode loop: :meth:`~.driver.EpisodeDriver.run`).
 """
 
 from __future__ import annotations
 
 from .chat import ChatFormat
-from .driver import EpisodeDriver, NoGeneration, StepCoroutine, fulfil, generate_batched, open_session, run_lockstep
-from .episode import NOTHING_MORE, Episode, render_for_model
+from .driver import EpisodeDriver, NoGeneration, fulfil, generate_batched, open_session
+from .episode import NOTHING_MORE, Episode, StepCoroutine, render_for_model
 from .types import (
     MAX_USER_TURNS,
     ON_INVALID,
@@ -20,7 +20,7 @@ from .types import (
     Row,
     StepOutcome,
 )
-from .users import UserSimulator
+from .users import UserReply, UserRequest, UserSimulator
 
 __all__ = [
     "CallState",
@@ -37,10 +37,11 @@ __all__ = [
     "Row",
     "StepCoroutine",
     "StepOutcome",
+    "UserReply",
+    "UserRequest",
     "UserSimulator",
     "fulfil",
     "generate_batched",
     "open_session",
     "render_for_model",
-    "run_lockstep",
 ]

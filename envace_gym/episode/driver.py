@@ -2,13 +2,18 @@
 
 Every entry point that plays episodes goes through it: the single env, the vector env, the rollout collector,
 the planner's imagined episodes, the SFT reference replay (a driver whose policy refuses to generate,
-:class:`NoGeneration`) and the benchmarks. The module-level functions are the driver's steps, kept for
-callers that hold no driver.
+:class:`NoGeneration`) and the benchmarks. Three levels, each built on the one below:
+
+* :meth:`EpisodeDriver.drive` answers the requests of several episodes' steps (:meth:`Episode.step` coroutines)
+  until each returns: rehearsals by the policy (or a frozen simulator), simulated users' turns by their
+  simulators, one batch per participant and sampling setting per round;
+* :meth:`EpisodeDriver.play_turn` is one round of play: every live episode's Act turn, then their steps;
+* :meth:`EpisodeDriver.run` is the episode loop itself: rounds until every episode has ended.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,10 +21,9 @@ import numpy as np
 
 from ..errors import DomainError
 from ..policy.protocol import Generation, Policy, SamplingParams
-from .episode import Episode
+from .episode import Answer, Episode, Request, StepCoroutine
 from .types import GenerationRequest, StepOutcome
-
-StepCoroutine = Generator[list[GenerationRequest], list[Generation], StepOutcome]
+from .users import UserRequest, UserSimulator
 
 # Writes the Act turns of ``episodes`` instead of one batched policy call (e.g. a RehearsalPlanner):
 # ``actor(episodes, rng, session, keys)`` returns one generation per episode.
@@ -60,23 +64,26 @@ class EpisodeDriver:
         continue, for KV reuse."""
         return generate_batched(self.policy, prompts, params, self.rng, self.session, keys)
 
-    def fulfil(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """Every request generated, one batch per sampling setting (see :func:`fulfil`): by the policy a request
-        names (a simulated user's), else by the simulator if there is one (without the policy's KV session: its
-        caches hold the policy's activations), else by the policy."""
-        out: list[Generation | None] = [None] * len(requests)
-        by_generator: dict[int, tuple[Policy | None, list[int]]] = {}
+    def fulfil(self, requests: Sequence[Request]) -> list[Answer]:
+        """Every request answered: a simulated user's turns by its simulator (one call per simulator), the
+        rest generated one batch per sampling setting, by the simulator if there is one (without the policy's KV
+        session: its caches hold the policy's activations), else by the policy."""
+        out: list[Answer | None] = [None] * len(requests)
+        generations = [i for i, r in enumerate(requests) if isinstance(r, GenerationRequest)]
+        by_user: dict[int, tuple[UserSimulator, list[int]]] = {}
         for i, request in enumerate(requests):
-            by_generator.setdefault(id(request.generator), (request.generator, []))[1].append(i)
-        for generator, indices in by_generator.values():
-            mine = [requests[i] for i in indices]
-            if generator is not None:
-                gens = fulfil(generator, mine, self.rng)
-            elif self.simulator is not None:
-                gens = fulfil(self.simulator, mine, self.rng)
+            if isinstance(request, UserRequest):
+                by_user.setdefault(id(request.user), (request.user, []))[1].append(i)
+        for user, indices in by_user.values():
+            for i, reply in zip(indices, user.respond([requests[i] for i in indices], self.rng), strict=True):  # type: ignore[misc]
+                out[i] = reply
+        if generations:
+            mine = [requests[i] for i in generations]
+            if self.simulator is not None:
+                gens = fulfil(self.simulator, mine, self.rng)  # type: ignore[arg-type]
             else:
-                gens = fulfil(self.policy, mine, self.rng, self.session)
-            for i, gen in zip(indices, gens, strict=True):
+                gens = fulfil(self.policy, mine, self.rng, self.session)  # type: ignore[arg-type]
+            for i, gen in zip(generations, gens, strict=True):
                 out[i] = gen
         return out  # type: ignore[return-value]
 
@@ -90,12 +97,12 @@ class EpisodeDriver:
             return list(actor(episodes, self.rng, self.session, keyed))
         return self.generate([e.prompt_ids for e in episodes], params, keyed)
 
-    def step(self, steps: Sequence[StepCoroutine], on_done: Callable[[int], None] | None = None) -> list[StepOutcome]:
+    def drive(self, steps: Sequence[StepCoroutine], on_done: Callable[[int], None] | None = None) -> list[StepOutcome]:
         """Run several episodes' steps together: at each round, the requests of every step still waiting are
-        generated in one batch per sampling setting, then each step gets its generations back. ``on_done(i)``
-        is called as step ``i`` finishes (progress)."""
+        answered together (:meth:`fulfil`), then each step gets its answers back. ``on_done(i)`` is called as step
+        ``i`` finishes (progress)."""
         outcomes: list[Any] = [None] * len(steps)
-        waiting: dict[int, list[GenerationRequest]] = {}
+        waiting: dict[int, list[Request]] = {}
         for i, step in enumerate(steps):
             _advance(i, step, None, waiting, outcomes, on_done)
         while waiting:
@@ -118,7 +125,7 @@ class EpisodeDriver:
         steps = [
             e.step(m.text, m) if isinstance(m, Generation) else e.step(m) for e, m in zip(episodes, moves, strict=True)
         ]
-        return self.step(steps, on_done)
+        return self.drive(steps, on_done)
 
     def play_turn(
         self,
@@ -129,6 +136,39 @@ class EpisodeDriver:
     ) -> list[StepOutcome]:
         """One round: the Act turns of ``episodes`` (:meth:`act`), then their steps (:meth:`play`)."""
         return self.play(episodes, self.act(episodes, params, actor), on_done)
+
+    def run(
+        self,
+        episodes: Sequence[Episode],
+        act: SamplingParams | Callable[[Sequence[Episode]], Sequence[Move]],
+        *,
+        actor: Actor | None = None,
+        on_round: Callable[[Sequence[int], Sequence[Move]], None] | None = None,
+        on_end: Callable[[int, StepOutcome], None] | None = None,
+    ) -> list[StepOutcome]:
+        """The episode loop: play ``episodes`` to their end, in rounds, and return each one's last outcome.
+
+        Each round, the Act turns of the episodes still live are written, all at once: generated with ``act`` (a
+        :class:`SamplingParams`; or by ``actor``), or given by ``act(episodes)`` (texts or generations: a
+        reference replay); then the episodes step together (:meth:`play`), and those that ended leave.
+        ``on_round(live, moves)`` sees each round's live indices and moves; ``on_end(i, outcome)`` each end."""
+        outcomes: list[StepOutcome | None] = [None] * len(episodes)
+        live = [i for i, e in enumerate(episodes) if not e.done]
+        while live:
+            playing = [episodes[i] for i in live]
+            moves = self.act(playing, act, actor) if isinstance(act, SamplingParams) else list(act(playing))
+            if on_round is not None:
+                on_round(live, moves)
+            still = []
+            for i, outcome in zip(live, self.play(playing, moves), strict=True):
+                if outcome.terminated or outcome.truncated:
+                    outcomes[i] = outcome
+                    if on_end is not None:
+                        on_end(i, outcome)
+                else:
+                    still.append(i)
+            live = still
+        return outcomes  # type: ignore[return-value]
 
 
 class NoGeneration:
@@ -183,18 +223,6 @@ def fulfil(
         for i, gen in zip(indices, generate_batched(policy, prompts, params, rng, session, keys), strict=True):
             out[i] = gen
     return out  # type: ignore[return-value]
-
-
-def run_lockstep(
-    steps: Sequence[StepCoroutine],
-    policy: Policy,
-    rng: np.random.Generator,
-    session: Any = None,
-    on_done: Callable[[int], None] | None = None,
-) -> list[StepOutcome]:
-    """:meth:`EpisodeDriver.step` without a driver: several episodes' steps run together, their requests
-    generated in one batch per sampling setting per round."""
-    return EpisodeDriver(policy, rng, session).step(steps, on_done)
 
 
 def _advance(

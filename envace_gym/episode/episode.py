@@ -50,9 +50,14 @@ from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
 from .chat import ChatFormat
 from .types import MAX_OBSERVATION_CHARS, CallState, EpisodeConfig, GenerationRequest, Row, StepOutcome
-from .users import UserReply, UserSimulator
+from .users import UserReply, UserRequest, UserSimulator
 
 logger = logging.getLogger("envace_gym")
+
+# What a step asks for (a generation: rehearsals; a simulated user's turn) and gets back, in order.
+Request = GenerationRequest | UserRequest
+Answer = Generation | UserReply
+StepCoroutine = Generator[list[Request], list[Answer], StepOutcome]
 
 NOTHING_MORE = "I have nothing more to do."  # the Act turn of a reference replay past the reference solution
 
@@ -82,6 +87,9 @@ class Episode:
             would make it longer is not kept and ends the episode (``truncation="context"``).
         user: A simulated user (:class:`~envace_gym.episode.users.UserSimulator`) that answers each final answer
             of the agent, instead of the task's scripted user turns; ``None``: scripted.
+        opening: The user's first message, when the simulated user writes it (τ²-Bench's tasks: see
+            :meth:`~envace_gym.episode.users.UserSimulator.writes_opening`); a reply that cannot be used leaves the
+            task's own prompt in its place, with ``info["user_opening_error"]`` saying why.
 
     Raises:
         TaskTooLongError: The task's opening prompt does not fit: with ``act_max_new_tokens`` (at least one) left
@@ -101,6 +109,7 @@ class Episode:
         key: Hashable | None = None,
         max_observation_chars: int = MAX_OBSERVATION_CHARS,
         user: UserSimulator | None = None,
+        opening: UserReply | None = None,
     ) -> None:
         self.domain, self.task, self.config, self.tokenizer, self.rng = domain, task, config, tokenizer, rng
         self.max_context, self.act_max_new_tokens, self.key = max_context, act_max_new_tokens, key
@@ -121,9 +130,14 @@ class Episode:
         self.cache = ReferenceCache(task.reference_pairs()) if config.executor == "cached" else None
         self.reference_pairs = task.reference_pairs()
         self.max_turns = config.max_turns or domain.max_turns
+        self.opening, self.opening_error = opening, None
+        if opening is not None and not opening.text:
+            self.opening_error = opening.error or f"the user ended the conversation ({opening.stop}) before it began"
+            logger.warning("episode of %s opens with the task's prompt: %s", task.id, self.opening_error)
+        first = opening.text if opening is not None and opening.text else task.prompt
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": clean_text(task.system_prompt or domain.system_prompt)},
-            {"role": "user", "content": clean_text(task.prompt)},
+            {"role": "user", "content": clean_text(first)},
         ]
         # The conversation as ids: rendered and tokenized once here, then only appended to.
         self.prompt_text = self.chat.render(self._for_chat(self.messages), self.tools_openai)
@@ -136,6 +150,8 @@ class Episode:
         self._mask: list[int] = []  # ... and which of it the policy wrote
         self._turn_open = False  # the last Act turn was cut before its end token
         self.rows: list[Row] = []  # separate mode: one row per generation
+        if opening is not None and self.opening_error is None:
+            self._keep_user_row(opening)
         self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
         if (self.pending_user_turns or user is not None) and self.chat.user_turns_ok is not None:
             raise PolicyError(
@@ -227,12 +243,11 @@ class Episode:
             "executor": self.config.executor,
             "rehearsal_mode": self.config.rehearsal_mode,
             "messages": copy.deepcopy(self.messages),
+            **({"user_opening_error": self.opening_error} if self.opening_error else {}),
         }
 
     # -- the step -------------------------------------------------------------------------------------
-    def step(
-        self, action: str, act: Generation | None = None
-    ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
+    def step(self, action: str, act: Generation | None = None) -> StepCoroutine:
         """Play one Act turn. ``act`` is the generation that wrote ``action``, when there is one (its ids
         and log-probs are kept as they are); otherwise ``action`` is tokenized. Yields generation
         requests; returns the outcome.
@@ -249,9 +264,7 @@ class Episode:
         except Exception as exc:
             return self._abort(saved, exc)
 
-    def _step(
-        self, action: str, act: Generation | None
-    ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
+    def _step(self, action: str, act: Generation | None) -> StepCoroutine:
         info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
         if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
             action = self.chat.act_view(act.completion_ids, self.tool_format.act_tokens)
@@ -331,27 +344,16 @@ class Episode:
 
     def _simulated_user_turn(
         self, user: UserSimulator, info: dict[str, Any]
-    ) -> Generator[list[GenerationRequest], list[Generation], StepOutcome]:
-        """The simulated user answers the agent's final answer: a message (context, never trained), a stop marker
-        (the end: the reward is scored), or a reply that cannot be used (the end, masked: not the agent's fault)."""
+    ) -> Generator[list[UserRequest], list[UserReply], StepOutcome]:
+        """The simulated user answers the agent's final answer: a message (context, never trained as the agent's), a
+        stop marker (the end: the reward is scored), or a reply that cannot be used (the end, masked: not the agent's
+        fault)."""
         if self.user_turns >= self.config.max_user_turns:
             info["truncation"] = "max_user_turns"
             return self._finish(info, terminated=False)
-        request = GenerationRequest(user.prompt_ids(self.task, self.messages), user.sampling, generator=user.policy)
-        generation: Generation | None = None
-        if len(request.prompt_ids) + user.sampling.max_new_tokens > user.policy.max_context:
-            reply = UserReply(error=f"the user's prompt ({len(request.prompt_ids)} tokens) and reply do not fit its "
-                                    f"model's context ({user.policy.max_context})")  # fmt: skip
-        else:
-            (generation,) = yield [request]
-            reply = user.read(generation)
-        info["user"] = {
-            "text": generation.text if generation else "",
-            "stop": reply.stop,
-            "error": reply.error,
-            "prompt_ids": list(request.prompt_ids),
-            "completion_ids": list(generation.completion_ids) if generation else [],
-        }
+        (reply,) = yield [UserRequest(user, self.task, tuple(self.messages))]
+        info["user"] = _user_info(reply)
+        self._keep_user_row(reply)
         if reply.error is not None:
             logger.warning("episode of %s masked: %s", self.task.id, reply.error)
             self.done, self.reward_result = True, RewardResult(None, {})
@@ -362,6 +364,14 @@ class Episode:
         self._add_messages([{"role": "user", "content": reply.text}])
         self.user_turns += 1
         return self._continue(info)
+
+    def _keep_user_row(self, reply: UserReply) -> None:
+        """A trained user's generation (``user="rehearse"``) is a training row of role ``"user"``."""
+        gen = reply.generation
+        if self.user is not None and self.user.trained and gen is not None and gen.completion_ids:
+            self.rows.append(
+                Row("user", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
+            )
 
     def _answer_without_model(self, state: CallState) -> None:
         """Route one valid call; answer it now unless it goes to the Rehearse role."""
@@ -706,6 +716,18 @@ class Episode:
             info["reward_masked"] = self.reward_result.score is None
             info["success"] = self.reward_result.success
         return StepOutcome(self.prompt_text, reward, terminated, truncated, info)
+
+
+def _user_info(reply: UserReply) -> dict[str, Any]:
+    """``info["user"]``: what the simulated user said, and the ids of a policy-backed user's generation."""
+    gen = reply.generation
+    return {
+        "text": gen.text if gen is not None else reply.text,
+        "stop": reply.stop,
+        "error": reply.error,
+        "prompt_ids": list(gen.prompt_ids) if gen is not None else [],
+        "completion_ids": list(gen.completion_ids) if gen is not None else [],
+    }
 
 
 _REPORTED: set[tuple[str, str | None]] = set()

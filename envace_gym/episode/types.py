@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import ToolError
 from ..parsing.act import DEFAULT_LIMITS, Limits
 from ..parsing.formats import FORMATS
-from ..policy.protocol import Policy, SamplingParams
+from ..policy.protocol import SamplingParams
 from ..rehearsal.prompt import RehearsalConfig
 from ..rehearsal.routing import EXECUTORS
 from ..tools.schema import ToolCall
@@ -116,13 +116,11 @@ class GenerationRequest:
     """A prompt the episode needs generated. ``params.seed`` is left unset: whoever batches the
     requests seeds each batch, from its own ``np_random``. ``key`` names the conversation the prompt
     continues (``inline`` rehearsals), so a generation session can reuse its KV cache; ``None`` for a
-    fresh prompt. ``generator`` is the policy that must write it (a simulated user's model); ``None``: the
-    driver's policy (or its simulator)."""
+    fresh prompt."""
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     key: Hashable | None = None
-    generator: Policy | None = None
 
 
 @dataclass
@@ -143,7 +141,8 @@ class Row:
     ``mask[i]`` is 1 where the policy wrote ``completion_ids[i]`` (trained) and 0 for environment text (the
     template's scaffolding, user turns, real tool results); ``logprobs`` are 0 where the mask is 0.
     ``role`` is ``"act"`` or ``"rehearse"`` (``separate`` mode: one row per generation) or ``"episode"``
-    (``inline`` mode: the whole episode, both roles).
+    (``inline`` mode: the whole episode, both roles); ``"user"`` for a simulated user's turn when the policy
+    rehearses its users (``user="rehearse"``), in either mode.
     """
 
     role: str

@@ -5,11 +5,16 @@ holds the task's scenario privately and answers each of the agent's text turns, 
 its own side: its own messages as the assistant's, the agent's text turns as the user's, no tool call and no
 tool result. It ends the conversation with one of :data:`STOP_MARKERS` (τ²'s protocol): ``###STOP###`` when the
 request is done or cannot be done, ``###TRANSFER###`` when it was handed to a human, ``###OUT-OF-SCOPE###`` when
-the scenario does not say what to answer.
+the scenario does not say what to answer. Where the task carries a scenario of its own (τ²-Bench's), the user
+also writes the conversation's first message, after the agent's greeting (:data:`OPENING`), as τ² does.
 
-Its turns enter the agent's conversation as context (never trained as the agent's); its prompts are fresh and
-tokenized with the simulator's own tokenizer, so any :class:`~envace_gym.policy.Policy` can play the user: a
-second model, the embedded default model, or the policy itself.
+The user is a participant, like the policy: an episode asks for its turn with a :class:`UserRequest`, the
+:class:`~envace_gym.episode.driver.EpisodeDriver` gathers the requests of a round and asks each simulator once
+(:meth:`UserSimulator.respond`), and the episode gets a :class:`UserReply` back. Its turns enter the agent's
+conversation as context, never trained as the agent's. Its model is any :class:`~envace_gym.policy.Policy` (a
+second model, the embedded default model, or the policy itself, whose own tokenizer renders the user's prompts)
+or a chat endpoint (:class:`~envace_gym.endpoint.ChatEndpoint`). With ``trained=True`` (``user="rehearse"``) the
+policy rehearses its users: each of their generations is also a training row of role ``"user"``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..domains.task import Task
+from ..endpoint import ChatBackend, ChatEndpoint
 from ..policy.protocol import Generation, Policy, SamplingParams
 from ..text import clean_text
 from .chat import ChatFormat
@@ -35,13 +43,20 @@ not answer, reply with only ###OUT-OF-SCOPE###.
 
 Your scenario:
 {scenario}"""
+USERS = ("scripted", "llm", "rehearse")  # the named settings of ``user=``; a URL is an endpoint
+
+
+def own_scenario(task: Task) -> str | None:
+    """The scenario the task carries for a simulated user (``task.expected["user_scenario"]``, τ²-Bench's), if any."""
+    given = task.expected.get("user_scenario") if isinstance(task.expected, Mapping) else None
+    return given if isinstance(given, str) and given.strip() else None
 
 
 def task_scenario(task: Task) -> str:
-    """What the user knows and wants: ``task.expected["user_scenario"]`` when the task carries one (τ²-Bench's),
-    else the opening request and the later scripted user turns, as what the user may go on to say."""
-    given = task.expected.get("user_scenario") if isinstance(task.expected, Mapping) else None
-    if isinstance(given, str) and given.strip():
+    """What the user knows and wants: the task's own scenario (:func:`own_scenario`), else the opening request and
+    the later scripted user turns, as what the user may go on to say."""
+    given = own_scenario(task)
+    if given is not None:
         return given
     lines = [f"Your request, which you have already written: {task.prompt}"]
     if task.user_turns:
@@ -53,35 +68,67 @@ def task_scenario(task: Task) -> str:
 @dataclass(frozen=True)
 class UserReply:
     """What the simulator said: ``text`` (a message for the agent), or ``stop`` (a marker that ends the
-    conversation), or ``error`` (a reply that cannot be used: the episode is masked)."""
+    conversation), or ``error`` (a reply that cannot be used: the episode is masked). ``generation`` is what a
+    policy-backed user generated (its ids and log-probs: the ``"user"`` row when it is trained)."""
 
     text: str = ""
     stop: str | None = None
     error: str | None = None
+    generation: Generation | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
+class UserRequest:
+    """An episode asking its simulated user for a turn: the task and the agent's conversation so far (no agent
+    message yet: the user writes the opening)."""
+
+    user: UserSimulator
+    task: Task
+    conversation: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(eq=False)
 class UserSimulator:
     """An LLM user (τ²-Bench's protocol) for ``RehearsalEnv(user=...)`` and ``collect_rollouts(user=...)``.
 
     Args:
-        policy: Writes the user's turns (its own tokenizer and chat template render its prompts).
-        sampling: How its turns are sampled (its ``max_new_tokens`` bounds a turn: a reply cut there is refused).
+        model: Writes the user's turns: a :class:`~envace_gym.policy.Policy` (its own tokenizer and chat
+            template render the prompts; its turns are token-exact and can be trained) or a chat backend such as
+            :class:`~envace_gym.endpoint.ChatEndpoint` (its own sampling settings apply; a request that fails is
+            an unusable reply).
+        sampling: How a policy samples the user's turns (its ``max_new_tokens`` bounds a turn: a reply cut there
+            is refused).
         instructions: The system prompt; ``{scenario}`` is replaced by :func:`task_scenario`'s text.
+        trained: The policy rehearses its users: each user generation is a training row of role ``"user"``
+            (``user="rehearse"``; ``model`` must be the policy being trained).
     """
 
-    policy: Policy
+    model: Policy | ChatBackend
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=128, temperature=0.7))
     instructions: str = INSTRUCTIONS
+    trained: bool = False
 
     def __post_init__(self) -> None:
         if "{scenario}" not in self.instructions:
             raise ValueError("UserSimulator.instructions must hold '{scenario}', where the task's scenario goes")
+        if not isinstance(self.model, Policy) and not callable(getattr(self.model, "complete", None)):
+            raise TypeError(f"a UserSimulator's model is a Policy or a chat backend, got {type(self.model).__name__}")
+        if self.trained and not isinstance(self.model, Policy):
+            raise ValueError("a trained user (user='rehearse') is played by the policy itself, not an endpoint")
+
+    @property
+    def in_process(self) -> bool:
+        return isinstance(self.model, Policy)
+
+    def writes_opening(self, task: Task) -> bool:
+        """Whether this user writes the conversation's first message: where the task carries a scenario of its own
+        (τ²-Bench's); otherwise the task's prompt is the user's opening message, already written."""
+        return own_scenario(task) is not None
 
     def messages(self, task: Task, conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-        """The conversation as the user sees it: the scenario, then its own turns as the assistant's and the
-        agent's text turns as the user's (tool calls, tool results and the agent's system prompt left out)."""
-        chat = ChatFormat.of(self.policy.tokenizer)
+        """The conversation as the user sees it: the scenario, the agent's greeting, then its own turns as the
+        assistant's and the agent's text turns as the user's (tool calls, tool results and the agent's system prompt
+        left out)."""
         seen = [{"role": "system", "content": self.instructions.replace("{scenario}", task_scenario(task))},
                 {"role": "user", "content": OPENING}]  # fmt: skip
         for message in conversation:
@@ -89,24 +136,76 @@ class UserSimulator:
             if not isinstance(content, str) or role not in ("user", "assistant") or message.get("tool_calls"):
                 continue
             seen.append({"role": "assistant" if role == "user" else "user", "content": content})
-        return [{**m, "content": chat.neutralize(clean_text(m["content"]))} for m in seen]
+        if self.in_process:  # special-token strings in the text stay text in the user's own prompt
+            chat = ChatFormat.of(self.model.tokenizer)  # type: ignore[union-attr]
+            return [{**m, "content": chat.neutralize(clean_text(m["content"]))} for m in seen]
+        return [{**m, "content": clean_text(m["content"])} for m in seen]
 
     def prompt_ids(self, task: Task, conversation: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
-        chat = ChatFormat.of(self.policy.tokenizer)
+        chat = ChatFormat.of(self.model.tokenizer)  # type: ignore[union-attr]
         return tuple(chat.encode(chat.render(self.messages(task, conversation))))
 
+    # -- the user's turn ------------------------------------------------------------------------------
+    def respond(self, requests: Sequence[UserRequest], rng: np.random.Generator) -> list[UserReply]:
+        """One reply per request: a policy generates them in one batch (seeded from ``rng``), an endpoint answers
+        them concurrently."""
+        if not requests:
+            return []
+        if not self.in_process:
+            prompts = [self.messages(r.task, r.conversation) for r in requests]
+            return [self.read_text(text) for text in self.model.complete(prompts)]  # type: ignore[union-attr]
+        policy: Policy = self.model  # type: ignore[assignment]
+        prompts = [self.prompt_ids(r.task, r.conversation) for r in requests]
+        room = policy.max_context - self.sampling.max_new_tokens
+        out: list[UserReply | None] = [
+            None
+            if len(p) <= room
+            else UserReply(
+                error=f"the user's prompt ({len(p)} tokens) and reply do not fit its "
+                f"model's context ({policy.max_context})"
+            )  # fmt: skip
+            for p in prompts
+        ]
+        todo = [i for i, reply in enumerate(out) if reply is None]
+        if todo:
+            params = (
+                self.sampling if self.sampling.seed is not None else self.sampling.with_seed(int(rng.integers(2**31)))
+            )
+            for i, gen in zip(todo, policy.generate([list(prompts[i]) for i in todo], params), strict=True):
+                out[i] = self.read(gen)
+        return out  # type: ignore[return-value]
+
+    def openings(self, tasks: Sequence[Task], rng: np.random.Generator) -> list[UserReply | None]:
+        """The first message of each task's conversation where this user writes it (:meth:`writes_opening`), in
+        one call; ``None`` where the task's own prompt opens it."""
+        writes = [i for i, task in enumerate(tasks) if self.writes_opening(task)]
+        out: list[UserReply | None] = [None] * len(tasks)
+        for i, reply in zip(writes, self.respond([UserRequest(self, tasks[i], ()) for i in writes], rng), strict=True):
+            out[i] = reply
+        return out
+
     def read(self, generation: Generation) -> UserReply:
-        """The reply in ``generation``, a stop marker, or why it cannot be used."""
-        chat = ChatFormat.of(self.policy.tokenizer)
+        """The reply in a policy's ``generation``, a stop marker, or why it cannot be used."""
         if generation.finish_reason == "length":
-            return UserReply(error=f"the user's reply ran past its {self.sampling.max_new_tokens}-token budget")
+            why = f"the user's reply ran past its {self.sampling.max_new_tokens}-token budget"
+            return UserReply(error=why, generation=generation)
+        chat = ChatFormat.of(self.model.tokenizer)  # type: ignore[union-attr]
         body = list(generation.completion_ids)
         if body and body[-1] in chat.stop_ids:
             body = body[:-1]
-        special = set(self.policy.tokenizer.all_special_ids)
+        special = set(self.model.tokenizer.all_special_ids)  # type: ignore[union-attr]
         if any(i in special for i in body):
-            return UserReply(error="the user's reply holds special tokens")
-        text = clean_text(generation.text).strip()
+            return UserReply(error="the user's reply holds special tokens", generation=generation)
+        reply = self.read_text(generation.text)
+        return UserReply(reply.text, reply.stop, reply.error, generation)
+
+    def read_text(self, text: str | None) -> UserReply:
+        """The reply in ``text`` (an endpoint's; ``None``: the request failed), a stop marker, or why it cannot
+        be used."""
+        if text is None:
+            return UserReply(error="the user's endpoint gave no reply (a timeout, a transport error or a malformed "
+                                   "answer; see the log)")  # fmt: skip
+        text = clean_text(text).strip()
         for marker in STOP_MARKERS:
             if marker in text:
                 return UserReply(stop=marker)
@@ -115,27 +214,46 @@ class UserSimulator:
         return UserReply(text=text)
 
 
-USERS = ("scripted", "policy")
-
-
-def check_user(user: Any) -> None:
-    """Refuse a ``user=`` setting that is none of ``"scripted"`` (or ``None``), ``"policy"``, a
-    :class:`~envace_gym.policy.Policy` or a :class:`UserSimulator`."""
+def check_user(user: Any, user_model: str | None = None) -> None:
+    """Refuse a ``user=`` setting that is none of ``"scripted"`` (or ``None``), ``"llm"``, ``"rehearse"``, an
+    endpoint URL (with ``user_model``, its model's name), a :class:`~envace_gym.policy.Policy` or a
+    :class:`UserSimulator`."""
     if user is None or user in USERS or isinstance(user, (UserSimulator, Policy)):
         return
-    raise ValueError(f"user must be 'scripted', 'policy' (the policy plays the user too), a Policy or a "
-                     f"UserSimulator, got {user!r}")  # fmt: skip
+    if isinstance(user, str) and user.startswith(("http://", "https://")):
+        if not user_model:
+            raise ValueError(f"the user endpoint {user!r} needs its model's name (user_model)")
+        return
+    raise ValueError(
+        "user must be 'scripted', 'llm' (the policy plays the user), 'rehearse' (the policy plays the user and "
+        f"learns to), an OpenAI-compatible endpoint URL, a Policy or a UserSimulator, got {user!r}"
+    )
 
 
-def make_user(user: Any, own: Callable[[], Policy]) -> UserSimulator | None:
+def make_user(user: Any, own: Callable[[], Policy], user_model: str | None = None) -> UserSimulator | None:
     """The simulated user ``user=`` asks for (``None`` for the scripted one); ``own()`` gives the policy for
-    ``"policy"``."""
-    check_user(user)
+    ``"llm"`` and ``"rehearse"``; ``user_model`` names the model of an endpoint URL."""
+    check_user(user, user_model)
     if user is None or user == "scripted":
         return None
     if isinstance(user, UserSimulator):
         return user
-    return UserSimulator(own() if user == "policy" else user)
+    if user in ("llm", "rehearse"):
+        return UserSimulator(own(), trained=user == "rehearse")
+    if isinstance(user, str):
+        return UserSimulator(ChatEndpoint(user, user_model, temperature=0.7, max_tokens=128))  # type: ignore[arg-type]
+    return UserSimulator(user)
 
 
-__all__ = ["OPENING", "STOP_MARKERS", "USERS", "UserReply", "UserSimulator", "check_user", "make_user", "task_scenario"]
+__all__ = [
+    "OPENING",
+    "STOP_MARKERS",
+    "USERS",
+    "UserReply",
+    "UserRequest",
+    "UserSimulator",
+    "check_user",
+    "make_user",
+    "own_scenario",
+    "task_scenario",
+]

@@ -7,7 +7,8 @@ Finished episodes leave the batch. Act prompts grow by appending ids (nothing is
 
 The result holds, per episode, the reward and the messages, and the training rows: in ``separate`` mode one
 row per generation (role ``"act"`` or ``"rehearse"``, each with its own prompt), in ``inline`` mode one row
-per episode (role ``"episode"``) whose mask marks both roles' tokens.
+per episode (role ``"episode"``) whose mask marks both roles' tokens; with ``user="rehearse"``, also one row per
+simulated user turn (role ``"user"``), in either mode.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class EpisodeResult:
     episode_row: Row  # the whole episode as one row (what `inline` trains; in `separate` mode, Act tokens marked)
     error: dict[str, Any] | None = None
     truncation: str | None = None  # why a truncated episode ended: "max_turns", "max_user_turns" or "context"
+    user_error: str | None = None  # a simulated user's reply that could not be used (the episode is masked)
 
 
 @dataclass
@@ -119,6 +121,7 @@ def collect_rollouts(
     progress: Progress = False,
     unfit: str = "skip",
     user: Any = "scripted",
+    user_model: str | None = None,
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
 
@@ -143,9 +146,10 @@ def collect_rollouts(
             paper's ablation in which only the Act role learns.
         progress: ``True`` (or a label) shows a bar of finished episodes with the generation round; a callable
             is called as ``progress(done, total)`` each time an episode finishes (:mod:`envace_gym.progress`).
-        user: Who answers the agent's final answers, as for :class:`~envace_gym.RehearsalEnv`: ``"scripted"``,
-            ``"policy"``, a :class:`~envace_gym.policy.Policy` or a ``UserSimulator``; the simulated users'
-            turns of a round are generated in one batch.
+        user, user_model: Who answers the agent's final answers, as for :class:`~envace_gym.RehearsalEnv`:
+            ``"scripted"``, ``"llm"``, ``"rehearse"`` (the user's generations are also rows of role ``"user"``), an
+            endpoint URL (with ``user_model``, its model's name), a :class:`~envace_gym.policy.Policy` or a
+            ``UserSimulator``; the simulated users' turns of a round are generated in one batch.
         unfit: A task whose opening prompt does not fit the policy's context (with the Act turn's budget) or
             the observation space: ``"skip"`` it with a warning, counted in ``stats["skipped_tasks"]`` (its
             group is absent from the batch), or ``"raise"`` its :class:`~envace_gym.errors.TaskTooLongError`.
@@ -157,9 +161,11 @@ def collect_rollouts(
     if unfit not in ("skip", "raise"):
         raise ValueError(f"unfit must be 'skip' or 'raise', got {unfit!r}")
     if simulator is not None and rehearsal_mode != "separate":
-        raise ValueError("a separate simulator rehearses in rehearsal_mode='separate' only (inline: the policy's own chat)")
+        raise ValueError(
+            "a separate simulator rehearses in rehearsal_mode='separate' only (inline: the policy's own chat)"
+        )
     domain = make_domain(domain)
-    simulated_user = make_user(user, lambda: policy)
+    simulated_user = make_user(user, lambda: policy, user_model)
     act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
     config = EpisodeConfig.build(
         executor=executor,
@@ -175,6 +181,13 @@ def collect_rollouts(
     )
     rng = np.random.default_rng(seed)
     resolved = [t if isinstance(t, Task) else domain.task(t) for t in tasks]
+    session = open_session(policy) if reuse_kv else None
+    driver = EpisodeDriver(policy, rng, session, simulator)
+    started = time.perf_counter()
+    # A simulated user that writes the first message (τ²-Bench's) writes each episode's own, in one batch.
+    openings: list[Any] = [None] * (len(resolved) * group_size)
+    if simulated_user is not None:
+        openings = simulated_user.openings([t for t in resolved for _ in range(group_size)], rng)
     episodes: list[Episode] = []
     groups: list[int] = []  # each episode's task, as its index in `tasks`
     skipped: list[str] = []
@@ -191,6 +204,7 @@ def collect_rollouts(
                     act_max_new_tokens=act_sampling.max_new_tokens if act == "policy" else 0,  # text turns: no reserve
                     key=len(episodes) + k,  # an episode's key is its index in `episodes`
                     user=simulated_user,
+                    opening=openings[g * group_size + k],
                 )
                 for k in range(group_size)
             ]
@@ -202,46 +216,39 @@ def collect_rollouts(
             continue
         episodes += group
         groups += [g] * group_size
-    session = open_session(policy) if reuse_kv else None
-    driver = EpisodeDriver(policy, rng, session, simulator)
     results: list[EpisodeResult | None] = [None] * len(episodes)
-    live = list(range(len(episodes)))
-    started, act_calls, act_tokens, rounds = time.perf_counter(), 0, 0, 0
+    counts = {"act_calls": 0, "act_tokens": 0, "rounds": 0}
     bar = ProgressReporter(progress, len(episodes), "episodes", "ep")
-    while live:
-        rounds += 1
-        bar.note(round=rounds, live=len(live))
-        playing = [episodes[i] for i in live]  # their keys are their indices: `live`
+
+    def on_round(live: Sequence[int], moves: Sequence[Any]) -> None:
+        counts["rounds"] += 1
+        bar.note(round=counts["rounds"], live=len(live))
         if act == "policy":
-            gens = driver.act(playing, act_sampling, actor)
-            act_calls += 1
-            act_tokens += sum(len(g.completion_ids) for g in gens)
-            outcomes = driver.play(playing, gens)
-        else:
-            outcomes = driver.play(playing, [e.reference_act() for e in playing])
-        still = []
-        for i, outcome in zip(live, outcomes, strict=True):
-            if outcome.terminated or outcome.truncated:
-                results[i] = _result(i, groups[i], episodes[i], outcome)
-                bar.update(1)
-                if session is not None:
-                    session.forget([i])
-            else:
-                still.append(i)
-        live = still
+            counts["act_calls"] += 1
+            counts["act_tokens"] += sum(len(m.completion_ids) for m in moves)
+
+    def on_end(i: int, outcome: Any) -> None:
+        results[i] = _result(i, groups[i], episodes[i], outcome)
+        bar.update(1)
+        if session is not None:
+            session.forget([i])  # an episode's key is its index
+
+    moves = act_sampling if act == "policy" else (lambda playing: [e.reference_act() for e in playing])
+    driver.run(episodes, moves, actor=actor, on_round=on_round, on_end=on_end)
     bar.close()
     done = [r for r in results if r is not None]
     rehearse_tokens = sum(len(r.completion_ids) for e in done for r in e.rows if r.role == "rehearse")
     stats = {
         "seconds": time.perf_counter() - started,
         "episodes": len(done),
-        "rounds": rounds,
-        "act_generate_calls": act_calls,
-        "act_tokens": act_tokens,
+        "rounds": counts["rounds"],
+        "act_generate_calls": counts["act_calls"],
+        "act_tokens": counts["act_tokens"],
         "rehearse_tokens": rehearse_tokens,
         "mean_reward": float(np.mean([e.reward for e in done if e.reward is not None] or [0.0])),
         "success_rate": float(np.mean([e.success for e in done] or [0.0])),
-        "masked_episodes": sum(e.reward is None for e in done),  # the verifier could not judge them
+        "masked_episodes": sum(e.reward is None for e in done),  # the verifier (or a simulated user) failed them
+        "user_opening_fallbacks": sum(e.opening_error is not None for e in episodes),
         "skipped_tasks": len(skipped),  # too long to play (TaskTooLongError)
         "kv_reused_tokens": getattr(session, "reused_tokens", 0),
         "kv_computed_tokens": getattr(session, "computed_tokens", 0),
@@ -253,7 +260,12 @@ def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeRe
     info = outcome.info
     reward_masked = info.get("reward_masked", False)
     whole = episode.episode_row()
-    rows = [whole] if episode.config.rehearsal_mode == "inline" else list(episode.rows)
+    # inline: the episode is one row, plus a trained user's own rows (its turns are context in the episode row)
+    rows = (
+        [whole, *(r for r in episode.rows if r.role == "user")]
+        if episode.config.rehearsal_mode == "inline"
+        else list(episode.rows)
+    )
     return EpisodeResult(
         index=index,
         group=group,
@@ -270,4 +282,5 @@ def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeRe
         episode_row=whole,
         error=info.get("error"),
         truncation=info.get("truncation"),
+        user_error=info.get("user_error"),
     )

@@ -157,15 +157,17 @@ class RehearsalPlanner:
     def _imagine(self, forks: list[Episode], driver: EpisodeDriver) -> list[Generation]:
         """Play the forks to their end; returns each fork's first Act turn."""
         params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature)
-        live, first_turns = list(forks), None
-        while live:  # forks have no key: their prompts are fresh, the session shares only their prefixes
-            acts = driver.act(live, params)
-            first_turns = first_turns or acts
-            outcomes = driver.play(live, acts)
-            live = [f for f, o in zip(live, outcomes, strict=True) if not (o.terminated or o.truncated)]
+        first_turns: list[Generation] = []
+
+        def keep_first(live: Sequence[int], moves: Sequence[Any]) -> None:
+            if not first_turns:
+                first_turns.extend(moves)
+
+        # forks have no key: their prompts are fresh, the session shares only their prefixes
+        driver.run(forks, params, on_round=keep_first)
         self.stats["rehearsals"] += len(forks)
         self.stats["rehearsal_tokens"] += sum(len(r.completion_ids) for f in forks for r in f.rows)  # Act + Rehearse
-        return first_turns or []
+        return first_turns
 
     def _assess(self, forks: list[Episode], driver: EpisodeDriver) -> list[str]:
         prompts = []

@@ -1,0 +1,72 @@
+"""An OpenAI-compatible chat endpoint, the one client of every model the package calls over HTTP: the checklist
+judge (:mod:`envace_gym.domains.judge`) and a simulated user (:mod:`envace_gym.episode.users`).
+
+:class:`ChatEndpoint` posts to ``/chat/completions`` (SGLang, vLLM, TGI, ``transformers serve`` or a hosted API),
+several requests at a time, each bounded by a timeout. A failed request (transport, timeout, a malformed reply)
+is ``None``, never an exception: the caller decides what an unanswered prompt means (a masked episode).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+logger = logging.getLogger("envace_gym")
+Prompt = list[dict[str, str]]
+
+
+class ChatBackend(Protocol):
+    def complete(self, prompts: Sequence[Prompt], attempt: int = 0) -> list[str | None]:
+        """One completion per chat prompt; ``None`` where the backend failed (timeout, transport). ``attempt``
+        counts the resamples of the same prompts, so a seeded backend can draw a new sample."""
+        ...
+
+
+class ChatEndpoint:
+    """An OpenAI-compatible chat endpoint: ``base_url`` up to ``/v1`` (e.g. ``http://localhost:30000/v1``),
+    ``model`` its model name. Requests run ``max_concurrency`` at a time; each waits at most ``timeout`` seconds."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_concurrency: int = 8,
+        temperature: float = 0.6,
+        top_p: float = 0.8,
+        max_tokens: int = 256,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"an endpoint's base_url starts with http:// or https://, got {base_url!r}")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model, self.api_key, self.timeout = model, api_key, timeout
+        self.max_concurrency = max_concurrency
+        self.params = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+
+    def _one(self, prompt: Prompt) -> str | None:
+        body = json.dumps({"model": self.model, "messages": prompt, **self.params}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url, body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                data = json.loads(response.read())
+            content = data["choices"][0]["message"]["content"]
+            return content if isinstance(content, str) else None
+        except Exception as exc:  # transport (URLError, HTTPException, a timeout) or a malformed reply: no answer
+            logger.warning("endpoint %s failed (%s: %s)", self.url, type(exc).__name__, exc)
+            return None
+
+    def complete(self, prompts: Sequence[Prompt], attempt: int = 0) -> list[str | None]:
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(prompts)))) as pool:
+            return list(pool.map(self._one, prompts))
+
+
+__all__ = ["ChatBackend", "ChatEndpoint", "Prompt"]
