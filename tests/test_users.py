@@ -157,3 +157,136 @@ def test_a_conversation_past_the_users_context_masks_the_episode():
     *_, truncated, info = env.step("Which date?")
     assert truncated and info["reward_masked"] and "do not fit its model's context (64)" in info["user_error"]
     assert small.prompts == []  # nothing was generated
+
+
+# -- the policy rehearses its users: a third role ------------------------------------------------------------
+USER_TURN = "You are playing a user"  # how a scripted policy tells the user's prompts from the agent's
+
+
+def _judged_travel():
+    """travel, scored by the agent's last answer: 1 where it says "alpha" (so the test sets every reward)."""
+    from envs.travel import TravelDomain
+
+    class LastAnswer(TravelDomain):
+        def score(self, task, trajectory):
+            return 1.0 if trajectory.answers and "alpha" in trajectory.answers[-1] else 0.0
+
+    return LastAnswer()
+
+
+def _two_episodes_policy(call_text):
+    """One group of two episodes, played in lockstep (the agent's turns of a round come in episode order):
+    episode 0 calls a tool, then answers "alpha" and its user stops: 2 Act rows, 1 user row, reward 1;
+    episode 1 answers "beta", its user asks again, it answers "beta" and its user stops: 2 + 2 rows, reward 0."""
+    agent = [call_text, "beta", "alpha", "beta"]
+    users = ["Try again, please.", "###STOP###", "###STOP###"]
+    return ScriptedPolicy(lambda prompt: (users if USER_TURN in prompt else agent).pop(0))
+
+
+def _reference_call(task_id="travel/000"):
+    """The Act text of the task's first reference tool call (its turn 1 asks the user for a date)."""
+    env = _env("scripted")
+    env.reset(options={"task": task_id})
+    turn = next(t for t in env.episode.task.reference if t.calls)
+    return env.episode.reference_action(turn)
+
+
+@pytest.mark.parametrize("rehearsal_mode", ["separate", "inline"])
+def test_the_policy_rehearses_its_users_as_a_third_role_with_its_own_baseline(rehearsal_mode):
+    from envace_gym.training import rolewise_advantages
+
+    policy = _two_episodes_policy(_reference_call())
+    batch = collect_rollouts(policy, _judged_travel(), ["travel/000"], group_size=2, executor="real",
+                             rehearsal_mode=rehearsal_mode, user="rehearse")  # fmt: skip
+    assert [e.reward for e in batch.episodes] == [1.0, 0.0]
+    samples = batch.samples()
+    agent_role = "act" if rehearsal_mode == "separate" else "episode"
+    assert [(s.episode, s.role) for s in samples] == (
+        [(0, "act"), (0, "act"), (0, "user"), (1, "act"), (1, "user"), (1, "act"), (1, "user")]
+        if rehearsal_mode == "separate"
+        else [(0, "episode"), (0, "user"), (1, "episode"), (1, "user"), (1, "user")]
+    )
+    users = [s for s in samples if s.role == "user"]
+    decode = policy.tokenizer.decode
+    assert [decode(s.completion_ids, skip_special_tokens=True) for s in users] == [
+        "###STOP###", "Try again, please.", "###STOP###"]  # fmt: skip
+    assert all(USER_TURN in decode(s.prompt_ids) and all(s.mask) for s in users)  # the user's own prompt, trained
+    # By hand: each role's baseline is the mean reward of that role's rows in the group.
+    # Agent rows: separate: rewards (1, 1, 0, 0), mean 1/2; inline: one row each, (1, 0), mean 1/2.
+    # User rows: rewards (1, 0, 0) -> mean 1/3 -> advantages 2/3, -1/3, -1/3 (not the agent's 1/2, -1/2).
+    got = rolewise_advantages([s.group for s in samples], [s.role for s in samples], [s.reward for s in samples])
+    by_role = {role: [a for s, a in zip(samples, got, strict=True) if s.role == role] for role in (agent_role, "user")}
+    assert by_role[agent_role] == pytest.approx([0.5, 0.5, -0.5, -0.5] if rehearsal_mode == "separate" else [0.5, -0.5])
+    assert by_role["user"] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    # in the agent's own rows the user's turns are context: never trained as the agent's
+    if rehearsal_mode == "inline":
+        row = batch.episodes[1].episode_row
+        said = policy.tokenizer.encode("Try again, please.", add_special_tokens=False)
+        at = next(i for i in range(len(row.completion_ids)) if list(row.completion_ids[i : i + len(said)]) == said)
+        assert set(row.mask[at : at + len(said)]) == {0}
+
+
+def test_the_pure_torch_trainer_trains_the_users_rows_with_their_own_advantages(monkeypatch):
+    """One step of envace_gym.training.train with user="rehearse": the rollouts are the scripted group above (its
+    rewards set by hand), the weights are the tiny model's; the user rows enter the loss with the advantages worked
+    out by hand."""
+    import torch
+
+    from envace_gym.training import trainer as trainer_module
+
+    call = _reference_call()
+    real_collect, real_advantages, seen = trainer_module.collect_rollouts, trainer_module.rolewise_advantages, {}
+
+    def scripted_rollouts(policy, *args, **kwargs):  # the scripted group, played under the trainer's own settings
+        assert kwargs["user"] == "rehearse"
+        return real_collect(_two_episodes_policy(call), *args, **kwargs)
+
+    def recording(groups, roles, rewards):
+        advantages = real_advantages(groups, roles, rewards)
+        seen["pairs"] = list(zip(roles, advantages, strict=True))
+        return advantages
+
+    monkeypatch.setattr(trainer_module, "collect_rollouts", scripted_rollouts)
+    monkeypatch.setattr(trainer_module, "rolewise_advantages", recording)
+    policy = tiny_policy(seed=4)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    (step,) = trainer_module.train(policy, trainer_module.TrainerConfig(
+        domain=_judged_travel(), executor="real", user="rehearse", steps=1, tasks_per_step=1, group_size=2,
+        max_new_tokens=128, learning_rate=1e-3))  # fmt: skip
+    assert step["rows_user"] == 3 and step["rows_act"] == 4
+    user_advantages = [a for role, a in seen["pairs"] if role == "user"]
+    assert user_advantages == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True))
+
+
+@pytest.mark.slow
+def test_trls_envace_trainer_trains_the_users_rows_with_their_own_advantages(tmp_path, monkeypatch):
+    """EnvACEGRPOTrainer with user="rehearse": the scripted group's rows reach TRL's loss with the advantages worked
+    out by hand (user rows 2/3, -1/3, -1/3), and one optimizer step changes the weights."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from envace_gym.domains.registry import register_domain
+    from envace_gym.integrations import trl as envace_trl
+    from envace_gym.integrations.trl import envace_grpo_trainer
+
+    register_domain("travel-last-answer", _judged_travel, overwrite=True)
+    call = _reference_call()
+    monkeypatch.setattr(envace_grpo_trainer, "trainer_policy", lambda trainer: _two_episodes_policy(call))
+    path = tmp_path / "tiny"
+    policy = tiny_policy(seed=4)
+    policy.model.save_pretrained(path)
+    policy.tokenizer.save_pretrained(path)
+    args = envace_trl.EnvACEGRPOConfig(
+        output_dir=str(tmp_path / "out"), domain="travel-last-answer", executor="real", user="rehearse",
+        per_device_train_batch_size=2, num_generations=2, max_completion_length=128, max_steps=1, learning_rate=1e-3,
+        use_cpu=True, report_to="none", bf16=False, save_strategy="no",
+    )  # fmt: skip
+    trainer = envace_trl.EnvACEGRPOTrainer(model=str(path), args=args, processing_class=AutoTokenizer.from_pretrained(path))
+    out = trainer._generate_and_score_completions([{"prompt": "travel/000"}] * 2)
+    # rows in order: episode 0's act, act, user; episode 1's act, user, act, user
+    assert out["advantages"].tolist() == pytest.approx([0.5, 0.5, 2 / 3, -0.5, -1 / 3, -0.5, -1 / 3])
+    assert trainer._metrics["train" if trainer.model.training else "eval"]["rows/user"] == [3.0]
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))

@@ -145,12 +145,20 @@ def _report(table: str, out: str | None) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from ..domains.registry import make_domain
+    from ..episode.users import check_user
+    from ..errors import EnvACEError
     from ..evaluation.evaluate import evaluate
     from ..policy.factory import make_policy
     from ..policy.transformers import check_model_source
     from ..rollout.planner import PlannerConfig
 
     check_model_source(args.model)
+    if args.user == "rehearse":
+        raise EnvACEError("--user rehearse trains the user's turns and evaluation trains nothing: use --user llm")
+    try:
+        check_user(args.user, args.user_model)
+    except ValueError as exc:
+        raise EnvACEError(str(exc)) from None
     domain = make_domain(args.domain)  # an unknown domain fails before the model loads
     policy = make_policy(args.model, backend=args.backend)
     runs = []
@@ -171,7 +179,7 @@ def _eval(args: argparse.Namespace) -> int:
         result = evaluate(
             policy, domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p, fidelity=not args.no_fidelity and not runs, planner=planner,
-            seed=args.seed, progress=True,
+            seed=args.seed, progress=True, user=args.user, user_model=args.user_model,
         )  # fmt: skip
         runs.append(("plain acting" if planner is None else label, result))
         if args.out:  # after every setting, so a long table interrupted midway keeps what it measured
@@ -180,7 +188,8 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"{label}: success {result.success_rate:.3f}, reward {result.mean_reward:.3f}", flush=True)
     if len(runs) == 1:
         result = runs[0][1]
-        print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, {result.executor} execution")
+        print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, {result.executor} execution, "
+              f"{result.user} user")  # fmt: skip
         print(f"  success rate       {result.success_rate:.3f}")
         print(f"  mean reward        {result.mean_reward:.3f}")
         if result.masked_episodes:
@@ -430,6 +439,12 @@ def build_parser() -> argparse.ArgumentParser:
         "policy's own calls: each rehearsed and compared with the real results)",
     )  # fmt: skip
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the generation batches")
+    evaluate.add_argument(
+        "--user", default="scripted", metavar="{scripted,llm,URL}",
+        help="who answers the agent's final answers: the task's scripted turns, the policy playing a simulated user "
+        "(tau2-Bench's protocol), or an OpenAI-compatible endpoint (with --user-model)",
+    )  # fmt: skip
+    evaluate.add_argument("--user-model", default=None, help="the model name of an endpoint user (with --user URL)")
     evaluate.add_argument(
         "--rehearse", nargs="+", choices=["parallel", "sequential"], default=None,
         help="rehearse privately before each committed Act turn (one or both modes)",

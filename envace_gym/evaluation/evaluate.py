@@ -42,6 +42,7 @@ class EvalResult:
     success_rate: float
     mean_reward: float
     executor: str = "real"  # "cached" for a domain without real tools (reference results, else rehearsal)
+    user: str = "scripted"  # who answered the agent's final answers: "scripted", "llm", or an endpoint URL
     masked_episodes: int = 0  # the verifier (or judge) could not score them: out of mean_reward, never successes
     skipped_tasks: int = 0  # too long for the policy's context (TaskTooLongError): not played, not in `episodes`
     real_calls: int = 0  # calls that reached the real executor (the committed ones)
@@ -85,6 +86,8 @@ def evaluate(
     planner: PlannerConfig | None = None,
     seed: int = 0,
     progress: Progress = False,
+    user: Any = "scripted",
+    user_model: str | None = None,
 ) -> EvalResult:
     """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
 
@@ -93,7 +96,11 @@ def evaluate(
     With ``planner``, every committed Act turn is written after private rehearsal (:mod:`envace_gym.rollout.planner`);
     ``rehearsal_tokens`` and ``real_calls`` then say what the rehearsal cost and that it called no real tool.
     ``progress``: ``True`` shows a bar per pass; a callable gets ``(done, total)`` over all its passes' episodes.
+    ``user``, ``user_model``: who answers the agent's final answers in the success pass, as for
+    :func:`~envace_gym.rollout.collect_rollouts` (``"rehearse"`` is refused: evaluation trains nothing, use ``"llm"``).
     """
+    if user == "rehearse":
+        raise ValueError("user='rehearse' trains the user's turns and evaluation trains nothing: use user='llm'")
     dom = make_domain(domain)
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
     sampling, rehearsal = rollout_sampling(max_new_tokens, temperature, top_p)
@@ -101,8 +108,8 @@ def evaluate(
     passes = 4 if fidelity and dom.executes_calls else 1
     executor = "real" if not tasks or dom.make_executor(tasks[0]) is not None else "cached"
     real = collect_rollouts(
-        policy, dom, tasks, executor=executor, act_sampling=sampling, seed=seed, actor=actor,
-        progress=_pass_progress(progress, 0, passes, len(tasks), f"episodes ({executor} execution)"),
+        policy, dom, tasks, executor=executor, act_sampling=sampling, seed=seed, actor=actor, user=user,
+        user_model=user_model, progress=_pass_progress(progress, 0, passes, len(tasks), f"episodes ({executor} execution)"),
     )  # fmt: skip
     rewards = [e.reward for e in real.episodes if e.reward is not None]
     result = EvalResult(
@@ -112,6 +119,7 @@ def evaluate(
         success_rate=sum(e.success for e in real.episodes) / max(1, len(real.episodes)),
         mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),  # nothing scored: no mean, not 0
         executor=executor,
+        user=user if isinstance(user, str) else type(user).__name__,
         masked_episodes=len(real.episodes) - len(rewards),
         skipped_tasks=int(real.stats["skipped_tasks"]),
         per_task=[

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..episode.types import ON_INVALID, REWARDS
+from ..episode.users import check_user
 
 RL_CONDITIONS: dict[str, dict[str, Any]] = {
     "sft+grpo-real-tools": {"executor": "real"},
@@ -100,6 +101,15 @@ class ExperimentConfig:
     train_layers: int | None = field(
         default=None, metadata={"help": "Train only the top N decoder layers (CPU budget); None: all."}
     )
+    user: str = field(
+        default="scripted",
+        metadata={
+            "help": "Who answers the agent's final answers in every RL condition and evaluation: scripted, llm (the "
+            "policy plays the user), rehearse (as llm, and the RL conditions train the user's turns too; evaluated "
+            "with llm) or an endpoint URL (with user_model)."
+        },
+    )
+    user_model: str | None = field(default=None, metadata={"help": "The model name of an endpoint user."})
 
     # Parameters that control the evaluation
     eval_tasks: int = field(default=100, metadata={"help": "Held-out test tasks per evaluation."})
@@ -120,6 +130,7 @@ class ExperimentConfig:
             raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
+        check_user(self.user, self.user_model)
         if self.eval_every < 1 or self.rl_steps < 1 or self.sft_steps < 1:
             raise ValueError("eval_every, rl_steps and sft_steps must be at least 1")
 
@@ -255,7 +266,8 @@ def _rl_stage(
     trainer = TrainerConfig(
         domain=domain, on_invalid=config.on_invalid, reward=config.reward, tasks_per_step=config.tasks_per_step,
         group_size=config.group_size, max_new_tokens=budget, temperature=config.temperature, steps=config.rl_steps,
-        learning_rate=config.rl_learning_rate, seed=seed, dtype="float32", **settings,
+        learning_rate=config.rl_learning_rate, seed=seed, dtype="float32", user=config.user,
+        user_model=config.user_model, **settings,
     )  # fmt: skip
     policy = _load(str(sft / "final"), config.train_layers)
     simulator = _load(str(sft / "final"), None) if settings.get("frozen_simulator") else None
@@ -320,10 +332,11 @@ def _evaluate(
 
     policy = _load(model, None) if isinstance(model, str) else model
     started = time.perf_counter()
-    greedy = evaluate(policy, domain, "test", config.eval_tasks, max_new_tokens=budget, fidelity=fidelity)
+    user = {"user": "llm" if config.user == "rehearse" else config.user, "user_model": config.user_model}
+    greedy = evaluate(policy, domain, "test", config.eval_tasks, max_new_tokens=budget, fidelity=fidelity, **user)
     sampled = evaluate(
         policy, domain, "test", config.eval_tasks, max_new_tokens=budget, temperature=config.eval_temperature,
-        top_p=config.eval_top_p, seed=config.eval_seed, fidelity=False,
+        top_p=config.eval_top_p, seed=config.eval_seed, fidelity=False, **user,
     )  # fmt: skip
     return {
         "success": greedy.success_rate,

@@ -24,6 +24,7 @@ import torch
 
 from ..domains.registry import make_domain
 from ..episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
+from ..episode.users import check_user
 from ..policy.precision import DTYPES, resolve_dtype
 from ..training.memory import return_freed_memory
 from ..training.options import checkpointing, lora_config, train_top_layers, use_cpu
@@ -94,6 +95,15 @@ class TrainConfig:
             "choices": REWARDS,
         },
     )
+    user: str = field(
+        default="scripted",
+        metadata={
+            "help": "rehearsal: who answers the agent's final answers: scripted (the task's user turns), llm (the "
+            "policy plays the user, untrained), rehearse (the policy plays the user and learns to: a third role) or "
+            "an OpenAI-compatible endpoint URL (with --user_model)."
+        },
+    )
+    user_model: str | None = field(default=None, metadata={"help": "The model name of an endpoint user."})
 
     # Parameters that control the training
     steps: int | None = field(
@@ -193,6 +203,12 @@ class TrainConfig:
             raise ValueError(
                 "mode real-tools answers a schema error as the tool's response (TRL's tool loop cannot end the episode "
                 "there): use on_invalid='feedback', and the same for the rehearsal runs it is compared with"
+            )
+        check_user(self.user, self.user_model)
+        if self.user != "scripted" and self.mode != "rehearsal":
+            raise ValueError(
+                f"user={self.user!r} is for mode rehearsal: sft replays the reference conversations and real-tools runs "
+                "TRL's tool loop, whose user turns are the dataset's"
             )
         if self.mode != "sft":
             _episodes_per_process(self)  # refused here, so the CLI says it in one line before anything loads
@@ -338,7 +354,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         if config.mode == "rehearsal":
             args = EnvACEGRPOConfig(
                 domain=config.domain, rehearsal_mode=config.rehearsal_mode, max_turns=config.max_turns,
-                on_invalid=config.on_invalid, reward=config.reward, **grpo,
+                on_invalid=config.on_invalid, reward=config.reward, user=config.user, user_model=config.user_model, **grpo,
             )
             trainer = EnvACEGRPOTrainer(
                 model=_load_model(path, config.train_layers),

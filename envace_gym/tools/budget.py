@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar, Token
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import jsonschema
@@ -103,7 +103,7 @@ def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> It
             seen.add(key)
 
 
-@lru_cache(maxsize=None)
+@cache
 def bounded(cls: type) -> type:
     """``cls`` (a jsonschema validator class) checking the running budget at each keyword, ``uniqueItems`` linear."""
     keywords = {name: _timed(fn) for name, fn in cls.VALIDATORS.items()}

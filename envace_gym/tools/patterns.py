@@ -17,7 +17,7 @@ Python's ``re``, which backtracks: ``^(a+)+$`` against 34 ``a`` and a ``!`` take
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import jsonschema
@@ -160,7 +160,7 @@ def _linear_formats(checker: jsonschema.FormatChecker) -> jsonschema.FormatCheck
     return formats
 
 
-@lru_cache(maxsize=None)
+@cache
 def linear_time(cls: type) -> type:
     """``cls`` (a jsonschema validator class) with its regex keywords matched by RE2."""
     return jsonschema.validators.extend(

@@ -5,7 +5,8 @@ Read it top to bottom against docs/method.md ("Reward and objective"):
 1. **Roll out** G episodes per task with the collector. The policy acts, and the *same weights* rehearse
    every tool call (``executor="rehearsal"``); each generation becomes a training row carrying its episode's
    task-success reward R (``separate`` mode: Act rows and Rehearse rows; ``inline`` mode: one row per episode
-   with both roles' tokens marked).
+   with both roles' tokens marked). With ``user="rehearse"`` the policy also plays each task's simulated user,
+   and every user turn is a row of a third role, ``"user"``.
 2. **Advantages, role-wise**: A = R - mean(R over the rows of that role in the same group), no std division.
 3. **One on-policy gradient step**: the PPO clipped objective (``epsilon`` 0.2) with dual-clip (``delta``,
    c = 3) for negative advantages, averaged over every trained token of the batch (token-mean), plus an
@@ -33,6 +34,7 @@ import torch
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..episode.types import ON_INVALID, REWARDS
+from ..episode.users import check_user
 from ..policy.precision import autocast, resolve_dtype
 from ..policy.transformers import TransformersPolicy
 from ..rehearsal.prompt import rollout_sampling
@@ -77,6 +79,15 @@ class TrainerConfig:
             "(separate mode); False: the policy rehearses and both roles train (EnvACE)."
         },
     )
+    user: str = field(
+        default="scripted",
+        metadata={
+            "help": "Who answers the agent's final answers: 'scripted' (the task's user turns), 'llm' (the policy plays "
+            "the user, untrained), 'rehearse' (the policy plays the user and learns to: a third role, rows 'user' with "
+            "their own group baseline) or an OpenAI-compatible endpoint URL (with user_model)."
+        },
+    )
+    user_model: str | None = field(default=None, metadata={"help": "The model name of an endpoint user."})
     tasks_per_step: int = field(default=2, metadata={"help": "Tasks per batch (each gives one group)."})
     group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
     max_new_tokens: int = field(
@@ -133,6 +144,9 @@ class TrainerConfig:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
         if self.frozen_simulator and (self.rehearsal_mode != "separate" or self.executor != "rehearsal"):
             raise ValueError("frozen_simulator rehearses with executor='rehearsal' in rehearsal_mode='separate'")
+        check_user(self.user, self.user_model)
+        if not isinstance(self.user, str):
+            raise ValueError("user is a name or an endpoint URL here; pass a UserSimulator to collect_rollouts instead")
         if self.refill_zero_std < 0:
             raise ValueError(f"refill_zero_std must be at least 0, got {self.refill_zero_std}")
 
@@ -268,7 +282,7 @@ def train(
                 actor, domain, chosen, config.group_size, executor=config.executor,
                 rehearsal_mode=config.rehearsal_mode, act_sampling=sampling, rehearsal=rehearsal,
                 on_invalid=config.on_invalid, max_turns=config.max_turns, reward=config.reward,
-                seed=int(rng.integers(2**31)), simulator=simulator,
+                seed=int(rng.integers(2**31)), simulator=simulator, user=config.user, user_model=config.user_model,
             )  # fmt: skip
 
         batch = roll_out(config.tasks_per_step)
@@ -281,7 +295,8 @@ def train(
                 zero_std += _zero_std_groups(extra)
                 batch = _merge(batch, _informative(extra))
         # (with a refill, the batch and the metrics below hold the kept groups only)
-        trained_roles = ("act", "episode") if simulator is not None else ("act", "rehearse", "episode")
+        # a frozen simulator's rehearsals are not trained; a rehearsed user's turns are (user="rehearse")
+        trained_roles = ("act", "episode", "user") if simulator is not None else ("act", "rehearse", "episode", "user")
         samples = [s for s in batch.samples(trained_roles) if any(s.mask)]
 
         # 2. Role-wise advantages: A = R - mean(R of the same role in the same group), no std division.
@@ -318,6 +333,7 @@ def train(
             "kl": totals["kl"] / max(trained_tokens, 1),
             "rows_act": sum(s.role == "act" for s in samples),
             "rows_rehearse": sum(s.role == "rehearse" for s in samples),
+            "rows_user": sum(s.role == "user" for s in samples),
             "trained_tokens": trained_tokens,
             "masked_episodes": sum(e.reward is None for e in batch.episodes),  # their verifier could not score them
             "zero_std_groups": zero_std,  # groups whose episodes all earned the same reward: no gradient from them

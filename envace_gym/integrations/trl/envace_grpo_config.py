@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
+from ...episode.users import check_user
 from ...errors import TrainingConfigError
 from .colocated_vllm import refuse_vllm_server
 from .common import UNUSED_BY_ENVACE_TRAINER, refuse_sharded, refuse_unused
@@ -35,6 +36,14 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
         metadata={"help": "'domain' (the domain's score) or 'reference' (reference calls and answer facts, no tool run)."},
     )
     max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+    user: str = field(
+        default="scripted",
+        metadata={
+            "help": "Who answers the agent's final answers: 'scripted', 'llm' (the policy, untrained), 'rehearse' (the "
+            "policy, trained as a third role 'user' with its own group baseline) or an endpoint URL (with user_model)."
+        },
+    )
+    user_model: str | None = field(default=None, metadata={"help": "The model name of an endpoint user."})
 
     # Parameters whose default values are overridden from GRPOConfig (the paper's objective)
     scale_rewards: str = field(default="none", metadata={"help": "No std normalization, as in the paper."})
@@ -57,6 +66,10 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
         ):  # fmt: skip
             if value not in allowed:
                 raise TrainingConfigError(f"{name} must be one of {allowed}, got {value!r}")
+        try:
+            check_user(self.user, self.user_model)
+        except ValueError as exc:
+            raise TrainingConfigError(str(exc)) from None
         refuse_vllm_server(self, "EnvACEGRPOTrainer")
         refuse_unused(self, UNUSED_BY_ENVACE_TRAINER, "EnvACEGRPOTrainer")
         refuse_sharded(self, "EnvACEGRPOTrainer")

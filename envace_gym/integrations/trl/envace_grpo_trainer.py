@@ -126,7 +126,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
             trainer_policy(self), self.domain, tasks, 1, executor=self.args.executor,
             rehearsal_mode=self.args.rehearsal_mode, act_sampling=act, rehearsal=rehearsal,
             on_invalid=self.args.on_invalid, max_turns=self.args.max_turns, reward=self.args.reward,
-            seed=int(torch.randint(2**31, (1,)).item()),
+            seed=int(torch.randint(2**31, (1,)).item()), user=self.args.user, user_model=self.args.user_model,
         )  # fmt: skip
         rewards = self._episode_rewards(batch, mode)
         samples = [replace(s, reward=rewards[s.episode]) for s in batch.samples() if s.completion_ids and any(s.mask)]
@@ -222,7 +222,8 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
                         metrics[f"{name}/min"].append(min(every))
         metrics["reward"].append(_mean(gather_object([r for r in rewards if r is not None])))
         metrics["success"].append(_mean(gather_object([float(e.success) for e in batch.episodes])))
-        for role in ("act", "rehearse", "episode"):  # separate mode: act + rehearse rows; inline: one episode row each
+        # separate mode: act + rehearse rows; inline: one episode row each; user="rehearse": user rows too
+        for role in ("act", "rehearse", "episode", "user"):
             metrics[f"rows/{role}"].append(float(sum(gather_object([sum(s.role == role for s in samples)]))))
         self._log_completions(batch, samples, rewards, groups, mode)
         metrics["episodes"].append(float(sum(gather_object([len(batch.episodes)]))))
