@@ -121,15 +121,19 @@ def test_user_settings_are_checked():
 
 
 def test_a_tau2_retail_episode_with_an_llm_user():
-    """τ²'s own scenario text (persona, reason for the call, known and unknown info) is what the user holds; the
-    tiny model plays the user in process (τ²'s long prompt outgrows its context as the agent: a scripted agent)."""
+    """τ²'s protocol with the tiny model as the user, in process: it holds τ²'s own scenario text (persona, reason for
+    the call, known and unknown info), writes the first message after the agent's greeting and answers each of the
+    agent's messages (τ²'s long prompt outgrows the tiny model's context as the agent: a scripted agent)."""
     pytest.importorskip("tau2", reason="benchmark data not installed (make benchmarks)")
     user = tiny_policy(seed=5)
     env = gym.make("EnvACE-Rehearsal-v0", domain="tau2:retail", policy=ScriptedPolicy([]), executor="real",
                    user=user, max_user_turns=2).unwrapped  # fmt: skip
-    env.reset(seed=0, options={"task": env.domain.tasks("train")[0].id})
-    scenario = env.episode.task.expected["user_scenario"]
+    _, info = env.reset(seed=0, options={"task": env.domain.tasks("train")[0].id})
+    task = env.episode.task
+    scenario = task.expected["user_scenario"]
     assert "Known info" in scenario
+    opening = env.episode.messages[1]["content"]  # the user's own first message, not the scripted one
+    assert opening != task.prompt or "user_opening_error" in info
     outcomes = [env.step("Could you give me your order number?")]
     while not (outcomes[-1][2] or outcomes[-1][3]):
         outcomes.append(env.step("Anything else?"))
@@ -137,6 +141,31 @@ def test_a_tau2_retail_episode_with_an_llm_user():
     assert scenario.splitlines()[1].strip() in seen and "Could you give me your order number?" in seen
     last = outcomes[-1][4]  # the user stopped, could not be used (masked), or the turn bound ended it
     assert last.get("truncation") == "max_user_turns" or last.get("user_error") or last["user"]["stop"], last
+
+
+def test_a_tau2_episode_with_a_simulated_user_is_scored_by_tau2s_evaluators():
+    """The user opens and stops (τ²'s protocol); the agent plays τ²'s gold actions and tells what it must: DB and
+    COMMUNICATE, τ²'s reward basis for retail, both pass. Without the information told, COMMUNICATE fails."""
+    pytest.importorskip("tau2", reason="benchmark data not installed (make benchmarks)")
+    for tell, expected in ((True, 1.0), (False, 0.0)):
+        user = ScriptedPolicy(lambda prompt: "###STOP###" if prompt.count("<|im_start|>user") > 1 else
+                              "Hi, I need help with an order of mine.")  # fmt: skip
+        env = gym.make("EnvACE-Rehearsal-v0", domain="tau2:retail", policy=ScriptedPolicy([]), executor="real",
+                       user=UserSimulator(user)).unwrapped  # fmt: skip
+        task = next(t for t in env.domain.tasks("train") if t.expected["communicate_info"])
+        env.reset(seed=0, options={"task": task.id})
+        assert env.episode.messages[1]["content"] == "Hi, I need help with an order of mine."
+        assert task.expected["reward_basis"] == ["DB", "COMMUNICATE"] or sorted(task.expected["reward_basis"]) == [
+            "COMMUNICATE", "DB"]  # fmt: skip
+        done = False
+        while not done:
+            action = env.episode.reference_act()
+            if not env.episode.task.reference[env.episode.turn].calls and not tell:
+                action = "Everything is done."
+            *_, reward, terminated, truncated, info = env.step(action)
+            done = terminated or truncated
+        assert terminated and info["user"]["stop"] == "###STOP###"
+        assert reward == expected and info["reward_checks"] == {"db": True, "communicate": tell}, info["reward_checks"]
 
 
 def test_the_vector_env_batches_its_users_too():

@@ -25,11 +25,12 @@ INSTRUCTIONS = (
 
 
 def _module(domain: str, name: str) -> Any:
+    """``tau2.domains.<domain>.<name>``, or ``tau2.evaluator.<name>`` for ``domain=""``."""
     if importlib.util.find_spec("tau2") is None:
         raise DomainError(f"τ²-Bench is not installed; {INSTALL_HINT}")
     _quiet()
     try:
-        return importlib.import_module(f"tau2.domains.{domain}.{name}")
+        return importlib.import_module(f"tau2.domains.{domain}.{name}" if domain else f"tau2.evaluator.{name}")
     except ImportError as exc:
         raise DomainError(f"τ²-Bench cannot be imported ({exc}); {INSTALL_HINT}") from exc
 
@@ -88,21 +89,33 @@ class Tau2Domain(Domain):
 
     ## Tasks
 
-    τ²'s tasks with its own train/test split. The user is scripted: the first message is the scenario's reason for
-    calling and what the user knows; the next two are confirmations (the policy asks agents to confirm before
-    acting). The reference trajectory is τ²'s gold actions with their real results, then an answer holding the
-    information the user must be told.
+    τ²'s tasks with its own train/test split. Two users:
+
+    * ``user="llm"`` (or any simulated user, :mod:`envace_gym.episode.users`): τ²'s protocol. An LLM holds τ²'s
+      own scenario text (persona, reason for the call, known and unknown info, ``expected["user_scenario"]``),
+      writes the first message after the agent's greeting, answers each of the agent's messages, and ends the
+      conversation with ``###STOP###`` (or ``###TRANSFER###`` / ``###OUT-OF-SCOPE###``). These are τ²'s episodes.
+    * ``user="scripted"`` (the default): an approximation. The first message is the scenario's reason for calling
+      and everything the user knows, at once; the next two are confirmations (the policy asks agents to confirm
+      before acting).
+
+    The reference trajectory is τ²'s gold actions with their real results, then an answer holding the information
+    the user must be told.
 
     ## Reward
 
-    τ²'s rule, DB × COMMUNICATE: replaying the agent's valid calls on a fresh database must give the same hash as
-    replaying the gold actions, and every ``communicate_info`` string must appear in the agent's answers
-    (case-insensitive, commas ignored). Natural-language assertions (an LLM judge in τ²) are not used, as in τ²'s
-    default reward basis for these domains.
+    τ²'s evaluators, combined as τ² combines them: the product over the task's ``reward_basis`` (DB × COMMUNICATE for
+    every retail and airline task). DB: replaying the agent's valid calls on a fresh database must give the same hash
+    as replaying the gold actions (τ²'s database hash). COMMUNICATE and ACTION are τ²'s own ``CommunicateEvaluator``
+    (each ``communicate_info`` string in one of the agent's messages to the user) and ``ActionEvaluator`` (each gold
+    action among the agent's calls), run on the episode's messages. A basis this domain cannot check (natural-language
+    or environment assertions, which no retail or airline task uses) masks the episode. Unlike τ², an episode cut by
+    the turn bound is scored too (τ² gives it 0).
 
     ## Episode End
 
-    The final answer after the last scripted user turn; at most 20 Act turns.
+    The user's stop marker (a simulated user), or the final answer after the last scripted user turn; at most 20
+    Act turns.
 
     ## Arguments
 
@@ -122,6 +135,7 @@ class Tau2Domain(Domain):
         self.system_prompt = f"{INSTRUCTIONS}\n\n<policy>\n{env.policy}\n</policy>"
         self._tools = ToolRegistry(ToolSchema.from_openai(t.openai_schema) for t in env.tools.get_tools().values())
         self._raw_tasks = environment.get_tasks("base")
+        self._raw_by_id = {f"{self.name}/{raw.id}": raw for raw in self._raw_tasks}
         self._split_ids = environment.get_tasks_split()
 
     @property
@@ -188,15 +202,36 @@ class Tau2Domain(Domain):
         return Tau2Executor(self.domain)
 
     def score(self, task: Task, trajectory: Trajectory) -> RewardResult:
-        predicted, gold = Tau2Executor(self.domain), Tau2Executor(self.domain)
-        for call in trajectory.valid_calls:
-            predicted.execute(call)
-        for action in task.expected["gold_actions"]:
-            gold.execute(ToolCall(action["name"], action["arguments"]))
-        checks = {"db": predicted.snapshot() == gold.snapshot()}
-        said = " ".join(trajectory.answers).lower().replace(",", "")
-        if task.expected["communicate_info"]:
-            checks["communicate"] = all(
-                str(i).lower().replace(",", "") in said for i in task.expected["communicate_info"]
-            )
+        basis = set(task.expected.get("reward_basis") or ("DB", "COMMUNICATE"))
+        if basis - {"DB", "ACTION", "COMMUNICATE"}:  # assertions need τ²'s judge or environment checks: not scored
+            return RewardResult(None, {})
+        checks: dict[str, bool] = {}
+        if "DB" in basis:
+            predicted, gold = Tau2Executor(self.domain), Tau2Executor(self.domain)
+            for call in trajectory.valid_calls:
+                predicted.execute(call)
+            for action in task.expected["gold_actions"]:
+                gold.execute(ToolCall(action["name"], action["arguments"]))
+            checks["db"] = predicted.snapshot() == gold.snapshot()
+        raw = self._raw_by_id.get(task.id)
+        if basis & {"ACTION", "COMMUNICATE"} and raw is not None:
+            action, communicate = _module("", "evaluator_action"), _module("", "evaluator_communicate")
+            messages = _tau2_messages(trajectory)
+            if "ACTION" in basis:
+                checks["action"] = action.ActionEvaluator.calculate_reward(raw, messages).reward == 1.0
+            if "COMMUNICATE" in basis:
+                checks["communicate"] = communicate.CommunicateEvaluator.calculate_reward(raw, messages).reward == 1.0
         return RewardResult(1.0 if all(checks.values()) else 0.0, checks)  # τ² multiplies its components
+
+
+def _tau2_messages(trajectory: Trajectory) -> list[Any]:
+    """What τ²'s evaluators read of an episode: the agent's messages to the user, and its valid calls."""
+    from tau2.data_model.message import AssistantMessage
+    from tau2.data_model.message import ToolCall as Tau2Call
+
+    said = [AssistantMessage(role="assistant", content=text) for text in trajectory.answers if text.strip()]
+    calls = [
+        AssistantMessage(role="assistant", tool_calls=[Tau2Call(id=c.id or "", name=c.name, arguments=dict(c.arguments))])
+        for c in trajectory.valid_calls
+    ]
+    return said + calls
