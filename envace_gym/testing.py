@@ -6,12 +6,21 @@
 * :class:`ScriptedPolicy`: a :class:`~envace_gym.policy.Policy` that answers with texts you choose,
   to drive the environment's logic without a model's randomness.
 * :func:`oracle_policy`: a perfect simulator for one task (rehearses with the real executor's answers).
+* :func:`taught_model` and :func:`served`: a tiny model taught one answer to given chat prompts, saved, and served
+  by ``transformers serve`` on a local port, for tests of the OpenAI-compatible endpoint client.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -95,3 +104,56 @@ __all__ = [
     "tiny_policy",
     "tiny_tokenizer",
 ]
+
+
+def taught_model(path: str | Path, prompts: Sequence[list[dict[str, str]]], answer: str, steps: int = 120) -> None:
+    """Save to ``path`` a tiny model (and its tokenizer) taught to answer every chat prompt of ``prompts`` with
+    ``answer`` (then its end token), greedy by default."""
+    import torch
+
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=3)
+    target = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    rows = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False) for p in prompts]
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        for prompt in rows:
+            ids = torch.tensor([prompt + target])
+            labels = ids.clone()
+            labels[0, : len(prompt)] = -100
+            optimizer.zero_grad()
+            model(input_ids=ids, labels=labels).loss.backward()
+            optimizer.step()
+    model.eval()
+    model.generation_config.do_sample = False
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+@contextmanager
+def served(model_dir: str | Path, timeout: float = 120.0) -> Iterator[str]:
+    """``transformers serve`` of ``model_dir`` on a free local port, for the ``with`` block: yields its base URL
+    (``http://127.0.0.1:PORT/v1``); the server is stopped on exit."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cli = Path(sys.executable).with_name("transformers")
+    server = subprocess.Popen(
+        [str(cli), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    raise RuntimeError("transformers serve did not come up") from None
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

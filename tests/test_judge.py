@@ -4,11 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,7 +15,7 @@ from envace_gym.domains.judge import ChecklistJudge, TransformersJudge, judge_pr
 from envace_gym.endpoint import ChatEndpoint
 from envace_gym.errors import DomainError, ErrorCode, ToolError
 from envace_gym.rollout import collect_rollouts
-from envace_gym.testing import ScriptedPolicy, tiny_model, tiny_policy, tiny_tokenizer
+from envace_gym.testing import ScriptedPolicy, served, taught_model, tiny_policy
 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
 PASS, FAIL = '{"pass": true, "reason": "ok"}', '{"pass": false, "reason": "no"}'
@@ -153,34 +148,6 @@ def test_a_failed_judge_is_masked_in_rollouts_and_both_trainers(tmp_path):
 
 
 # -- the endpoint backend against a real server ------------------------------------------------------------
-def _verdict_model(path: Path, prompts) -> None:
-    """A tiny model taught to answer the judge prompts of the test with a passing verdict, saved for the server."""
-    tok = tiny_tokenizer()
-    model = tiny_model(tok, seed=3)
-    answer = tok(PASS, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    rows = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False) for p in prompts]
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(120):
-        for prompt in rows:
-            ids = torch.tensor([prompt + answer])
-            labels = ids.clone()
-            labels[0, : len(prompt)] = -100
-            optimizer.zero_grad()
-            model(input_ids=ids, labels=labels).loss.backward()
-            optimizer.step()
-    model.eval()
-    model.generation_config.do_sample = False
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_the_endpoint_backend_scores_through_a_real_local_server(tmp_path):
     pytest.importorskip("fastapi")
@@ -191,31 +158,13 @@ def test_the_endpoint_backend_scores_through_a_real_local_server(tmp_path):
     transcripts = turn_transcripts(trajectory(task))
     prompts = [judge_prompt(i, transcripts[t]) for t, items in enumerate(checklists_of(task)[0]) for i in items]
     model_dir = tmp_path / "judge-model"
-    _verdict_model(model_dir, prompts)
-    port = _free_port()
-    cli = Path(sys.executable).with_name("transformers")
-    server = subprocess.Popen(
-        [str(cli), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    pytest.fail("transformers serve did not come up")
-                time.sleep(0.5)
-        judge = ChecklistJudge(ChatEndpoint(f"http://127.0.0.1:{port}/v1", str(model_dir), max_concurrency=4,
-                                             timeout=60, temperature=0.0, max_tokens=24))  # fmt: skip
+    taught_model(model_dir, prompts, PASS)  # a passing verdict for every judge prompt of the test
+    with served(model_dir) as base_url:
+        judge = ChecklistJudge(ChatEndpoint(base_url, str(model_dir), max_concurrency=4, timeout=60, temperature=0.0,
+                                            max_tokens=24))  # fmt: skip
         result = judge(task, trajectory(task))
         assert result.score == pytest.approx(1.0), result
         assert judge.judged == sum(len(turn) for turn in task.expected["checklist_list"][0])
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 # -- checklists derived from references ----------------------------------------------------------------------

@@ -319,3 +319,37 @@ def test_trls_envace_trainer_trains_the_users_rows_with_their_own_advantages(tmp
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+
+# -- a user behind an OpenAI-compatible endpoint -----------------------------------------------------------
+def test_an_endpoint_that_does_not_answer_masks_the_episode():
+    env = _env("http://127.0.0.1:9/v1", user_model="nobody")  # nothing listens on port 9
+    env.user.model.timeout = 2
+    env.reset(options={"task": "travel/000"})
+    before = list(env.episode.messages)
+    *_, reward, terminated, truncated, info = env.step("Which date?")
+    assert truncated and info["reward_masked"] and "endpoint gave no reply" in info["user_error"]
+    assert info["user"]["prompt_ids"] == [] and env.episode.messages == before + [
+        {"role": "assistant", "content": "Which date?"}]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_user_served_by_transformers_serve_answers_and_stops(tmp_path):
+    """The user is a tiny model behind ``transformers serve`` (user=URL, user_model=its name), taught to say it is
+    done: the episode ends at its stop marker and is scored."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from envace_gym.testing import served, taught_model
+
+    probe = UserSimulator(ScriptedPolicy([]))  # the user's view of the one turn it will answer
+    env = _env("scripted")
+    env.reset(options={"task": "travel/000"})
+    conversation = [*env.episode.messages, {"role": "assistant", "content": "Your flight is booked."}]
+    prompt = probe.messages(env.episode.task, conversation)
+    model_dir = tmp_path / "user-model"
+    taught_model(model_dir, [prompt], "###STOP###")
+    with served(model_dir) as base_url:
+        env = _env(base_url, user_model=str(model_dir))
+        env.reset(options={"task": "travel/000"})
+        *_, reward, terminated, truncated, info = env.step("Your flight is booked.")
+    assert terminated and info["user"]["stop"] == "###STOP###" and not info["reward_masked"], info.get("user_error")
