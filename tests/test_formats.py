@@ -431,7 +431,7 @@ def test_gptoss_turns_cannot_smuggle_messages():
         env = make_env("gptoss", ScriptedPolicy([], tok), executor="real")
         env.reset(options={"task": TASK})
         env.step(text)
-        added = tok.decode(env.episode.prompt_ids[len(env.episode.initial_prompt_ids) :])  # what the turn wrote
+        added = tok.decode(env.episode.prompt_ids[len(env.episode.transcript.initial_prompt_ids) :])  # what the turn wrote
         assert "<|start|>system" not in added and "<|start|>developer" not in added, added
     two = PARSE_CASES["gptoss"] + "<|start|>assistant" + PARSE_CASES["gptoss"]
     assert "one tool call per turn" in FORMATS["gptoss"].parse(two).error.message

@@ -1,6 +1,7 @@
 """One episode of world rehearsal, as token ids that only grow, and the driver that answers its generations.
 
-:mod:`.chat` lays the conversation out in the model's chat template; :mod:`.episode` plays one Act turn
+:mod:`.chat` lays the conversation out in the model's chat template; :mod:`.transcript` keeps what an episode
+accumulates (messages, ids, log-probs, masks, rows, records) with mark/rollback; :mod:`.episode` plays one Act turn
 (parse, validate, route, rehearse, reward); :mod:`.users` simulates users; :class:`~.driver.EpisodeDriver` runs
 many episodes against one policy (the episode loop: :meth:`~.driver.EpisodeDriver.run`).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from .chat import ChatFormat
 from .driver import EpisodeDriver, NoGeneration, fulfil, generate_batched, open_session
 from .episode import NOTHING_MORE, Episode, StepCoroutine, render_for_model
+from .transcript import Transcript
 from .types import (
     MAX_USER_TURNS,
     ON_INVALID,
@@ -37,6 +39,7 @@ __all__ = [
     "Row",
     "StepCoroutine",
     "StepOutcome",
+    "Transcript",
     "UserReply",
     "UserRequest",
     "UserSimulator",

@@ -49,6 +49,7 @@ from ..tools.budget import StepBudget
 from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
 from .chat import ChatFormat
+from .transcript import Transcript
 from .types import MAX_OBSERVATION_CHARS, CallState, EpisodeConfig, GenerationRequest, Row, StepOutcome
 from .users import UserReply, UserRequest, UserSimulator
 
@@ -135,21 +136,16 @@ class Episode:
             self.opening_error = opening.error or f"the user ended the conversation ({opening.stop}) before it began"
             logger.warning("episode of %s opens with the task's prompt: %s", task.id, self.opening_error)
         first = opening.text if opening is not None and opening.text else task.prompt
-        self.messages: list[dict[str, Any]] = [
+        messages = [
             {"role": "system", "content": clean_text(task.system_prompt or domain.system_prompt)},
             {"role": "user", "content": clean_text(first)},
         ]
         # The conversation as ids: rendered and tokenized once here, then only appended to.
-        self.prompt_text = self.chat.render(self._for_chat(self.messages), self.tools_openai)
-        self._refuse_if_too_long(tokens=0)  # by its characters first: a text of any length is not tokenized
-        self.prompt_ids: list[int] = self.chat.encode(self.prompt_text)
-        self._refuse_if_too_long(tokens=len(self.prompt_ids))
-        self.initial_prompt_ids = tuple(self.prompt_ids)
-        self._ids: list[int] = []  # everything after the initial prompt ...
-        self._logprobs: list[float] = []
-        self._mask: list[int] = []  # ... and which of it the policy wrote
-        self._turn_open = False  # the last Act turn was cut before its end token
-        self.rows: list[Row] = []  # separate mode: one row per generation
+        text = self.chat.render(self._for_chat(messages), self.tools_openai)
+        self._refuse_if_too_long(len(text), tokens=0)  # by its characters first: a text of any length is not tokenized
+        ids = self.chat.encode(text)
+        self._refuse_if_too_long(len(text), tokens=len(ids))
+        self.transcript = Transcript(messages, ids, text)
         if opening is not None and self.opening_error is None:
             self._keep_user_row(opening)
         self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
@@ -163,16 +159,14 @@ class Episode:
             )
         self.user_turns = 1
         self.turn = 0
-        self.records: list[CallRecord] = []
-        self.answers: list[str] = []
         self.done = False
         self.scored = True  # False for imagined episodes: their outcome is for the agent to judge, not the verifier
         self.reward_result: RewardResult | None = None
         self._budget = StepBudget(config.limits.max_check_seconds)  # renewed by each step
         self._overflowed = False  # a message did not fit the observation: the episode ends for context
 
-    def _refuse_if_too_long(self, tokens: int) -> None:
-        chars, reserve = len(self.prompt_text), max(self.act_max_new_tokens, 1)
+    def _refuse_if_too_long(self, chars: int, tokens: int) -> None:
+        reserve = max(self.act_max_new_tokens, 1)
         if chars > self.max_observation_chars:
             why = f"its opening prompt is {chars} characters, past the observation space's {self.max_observation_chars}"
         elif tokens + reserve > self.max_context:
@@ -191,6 +185,33 @@ class Episode:
                 and len(self.prompt_text) + chars <= self.max_observation_chars)  # fmt: skip
 
     # -- views ----------------------------------------------------------------------------------------
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation as messages (the transcript's: append to it only through a step)."""
+        return self.transcript.messages
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The next Act prompt's ids."""
+        return self.transcript.prompt_ids
+
+    @property
+    def prompt_text(self) -> str:
+        return self.transcript.prompt_text
+
+    @property
+    def rows(self) -> list[Row]:
+        """The training rows made so far (``separate`` mode: one per generation; a rehearsed user's)."""
+        return self.transcript.rows
+
+    @property
+    def records(self) -> list[CallRecord]:
+        return self.transcript.records
+
+    @property
+    def answers(self) -> list[str]:
+        return self.transcript.answers
+
     def observation(self) -> str:
         """The next Act prompt as text (its ids are :attr:`prompt_ids`). It spells a special token only where
         the ids hold one: special-token strings that the conversation holds as plain text are broken by a
@@ -212,14 +233,12 @@ class Episode:
         twin.config, twin.rng, twin.key = config, rng, None
         twin.executor = None if config.executor == "rehearsal" else self.domain.make_executor(self.task)
         twin.cache = None
-        twin.messages = copy.deepcopy(self.messages)
-        twin.prompt_ids, twin._ids, twin._logprobs, twin._mask = list(self.prompt_ids), [], [], []
-        twin.rows, twin.records, twin.answers = [], [], []  # only what happens in the copy
+        twin.transcript = self.transcript.fork()  # records only what happens in the copy
         twin.pending_user_turns, twin.scored, twin.done, twin.reward_result = [], False, False, None
         twin.user = None
         twin.max_turns = self.turn + (config.max_turns or self.max_turns)
         if note is not None:
-            twin.prompt_ids, twin.prompt_text = self.prompt_with_note(note)
+            twin.transcript.prompt_ids, twin.transcript.prompt_text = self.prompt_with_note(note)
         return twin
 
     def prompt_with_note(self, note: str, role: str = "system") -> tuple[list[int], str]:
@@ -234,7 +253,7 @@ class Episode:
     def episode_row(self) -> Row:
         """The whole episode as one row (``inline`` mode's training row; in ``separate`` mode, the Act
         tokens are marked and rehearsals, which happened outside the chat, are absent)."""
-        return Row("episode", self.initial_prompt_ids, tuple(self._ids), tuple(self._logprobs), tuple(self._mask))
+        return self.transcript.episode_row()
 
     def base_info(self) -> dict[str, Any]:
         return {
@@ -314,9 +333,9 @@ class Episode:
                 state.error = self.registry.validate(state.call, self.whitelist).error
         invalid = [s.error for s in states if s.error is not None]
         if invalid and self.config.on_invalid == "terminate":
-            self.records += [
+            self.records.extend(
                 CallRecord(self.turn, s.call, None, error=s.error, user_turn=self.user_turns) for s in states
-            ]
+            )
             info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
             self._add_messages(
                 [self._tool_message(s.call, s.error.to_payload()) for s in states if s.error is not None], calls
@@ -335,7 +354,9 @@ class Episode:
         else:
             yield from self._tool_turn_inline(states, info)
 
-        self.records += [CallRecord(self.turn, s.call, s.route, s.response, s.error, self.user_turns) for s in states]
+        self.records.extend(
+            CallRecord(self.turn, s.call, s.route, s.response, s.error, self.user_turns) for s in states
+        )
         info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
         errors = [s.error for s in states if s.error is not None]
         if errors:
@@ -585,14 +606,10 @@ class Episode:
             "generated": act is not None,
         }
         self._append_ids(ids, shown, logprobs, trained=True)
-        self._turn_open = not ids or ids[-1] not in self.chat.stop_ids
+        self.transcript.turn_open = not ids or ids[-1] not in self.chat.stop_ids
 
     def _append_ids(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
-        self.prompt_ids += ids
-        self.prompt_text += text
-        self._ids += ids
-        self._logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
-        self._mask += [int(trained)] * len(ids)
+        self.transcript.append(ids, text, logprobs, trained)
 
     def _append_text(self, text: str) -> None:
         self._append_ids(self.encode(text), text, None, trained=False)
@@ -601,10 +618,10 @@ class Episode:
         """An Act turn cut by the token budget still needs its end token (``end``) before anything follows; so does
         one that stopped on another stop token where ``end`` opens the next message (GLM's role tokens)."""
         end_ids = self.chat.encode(end)
-        reopen = self.chat.end_opens_turn and self._ids[-len(end_ids) :] != end_ids
-        if self._turn_open or reopen:
+        reopen = self.chat.end_opens_turn and self.transcript.ids[-len(end_ids) :] != end_ids
+        if self.transcript.turn_open or reopen:
             self._append_ids(end_ids, end, None, trained=False)
-            self._turn_open = False
+            self.transcript.turn_open = False
 
     def _add_messages(self, messages: list[dict[str, Any]], calls: list[ToolCall] = ()) -> None:  # type: ignore[assignment]
         """Append tool or user messages after the Act turn that made ``calls``, as messages and as ids; messages
@@ -617,7 +634,7 @@ class Episode:
         if not self._fits(0, len(end) + len(rest)):  # (its tokens are counted once encoded, by _continue)
             self._overflowed = True
             return
-        self.messages += messages
+        self.transcript.messages += messages
         self._close_turn(end)
         self._append_text(rest)
 
@@ -651,17 +668,12 @@ class Episode:
 
     # -- a turn undone ---------------------------------------------------------------------------------
     def _checkpoint(self) -> tuple[Any, ...]:
-        """What a turn changes, as it was before the turn (lists only grow during a turn)."""
-        lengths = tuple(len(x) for x in (self.messages, self.prompt_ids, self._ids, self.rows, self.records))
-        return (lengths, len(self.answers), self.prompt_text, self._turn_open, list(self.pending_user_turns),
-                self.user_turns, self.turn)  # fmt: skip
+        """What a turn changes, as it was before the turn: the transcript's mark and the episode's counters."""
+        return self.transcript.mark(), list(self.pending_user_turns), self.user_turns, self.turn
 
     def _abort(self, saved: tuple[Any, ...], exc: Exception) -> StepOutcome:
-        (n_messages, n_ids, n_trained, n_rows, n_records), n_answers, text, turn_open, pending, users, turn = saved
-        del self.messages[n_messages:], self.prompt_ids[n_ids:], self.rows[n_rows:], self.records[n_records:]
-        del self._ids[n_trained:], self._logprobs[n_trained:], self._mask[n_trained:], self.answers[n_answers:]
-        self.prompt_text, self._turn_open, self.pending_user_turns = text, turn_open, pending
-        self.user_turns, self.turn = users, turn
+        mark, self.pending_user_turns, self.user_turns, self.turn = saved
+        self.transcript.rollback(mark)
         error = ToolError(
             ErrorCode.ENVIRONMENT_ERROR,
             f"the environment failed during this turn ({type(exc).__name__}: {exc}); the turn was undone"[:300],
