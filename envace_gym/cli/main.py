@@ -193,7 +193,7 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"  success rate       {result.success_rate:.3f}")
         print(f"  mean reward        {result.mean_reward:.3f}")
         if result.masked_episodes:
-            print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them)")
+            print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them, or a simulated user failed)")
         if result.skipped_tasks:
             print(f"  skipped tasks      {result.skipped_tasks} (their opening prompt does not fit the context)")
         if result.rehearsals:
