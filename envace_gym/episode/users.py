@@ -193,8 +193,7 @@ class UserSimulator:
         body = list(generation.completion_ids)
         if body and body[-1] in chat.stop_ids:
             body = body[:-1]
-        special = set(self.model.tokenizer.all_special_ids)  # type: ignore[union-attr]
-        if any(i in special for i in body):
+        if any(i in chat.special_ids for i in body):
             return UserReply(error="the user's reply holds special tokens", generation=generation)
         reply = self.read_text(generation.text)
         return UserReply(reply.text, reply.stop, reply.error, generation)
