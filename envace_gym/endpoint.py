@@ -2,14 +2,15 @@
 judge (:mod:`envace_gym.domains.judge`) and a simulated user (:mod:`envace_gym.episode.users`).
 
 :class:`ChatEndpoint` posts to ``/chat/completions`` (SGLang, vLLM, TGI, ``transformers serve`` or a hosted API),
-several requests at a time, each bounded by a timeout. A failed request (transport, timeout, a malformed reply)
-is ``None``, never an exception: the caller decides what an unanswered prompt means (a masked episode).
+several requests at a time, each bounded by a timeout. A failed request (transport, timeout, a malformed reply,
+a reply cut at ``max_tokens``) is ``None``, never an exception: the caller decides what an unanswered prompt means (a masked episode).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,9 @@ class ChatBackend(Protocol):
 
 class ChatEndpoint:
     """An OpenAI-compatible chat endpoint: ``base_url`` up to ``/v1`` (e.g. ``http://localhost:30000/v1``),
-    ``model`` its model name. Requests run ``max_concurrency`` at a time; each waits at most ``timeout`` seconds."""
+    ``model`` its model name, ``api_key`` its bearer token if it needs one (default: the ``ENVACE_API_KEY``
+    environment variable, if set). Requests run ``max_concurrency`` at a
+    time; each waits at most ``timeout`` seconds."""
 
     def __init__(
         self,
@@ -45,7 +48,9 @@ class ChatEndpoint:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"an endpoint's base_url starts with http:// or https://, got {base_url!r}")
         self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.api_key, self.timeout = model, api_key, timeout
+        # a hosted API's key, if not given: from the environment, so that command lines need not hold it
+        self.api_key = api_key if api_key is not None else os.environ.get("ENVACE_API_KEY") or None
+        self.model, self.timeout = model, timeout
         self.max_concurrency = max_concurrency
         self.params = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
 
@@ -58,11 +63,15 @@ class ChatEndpoint:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 data = json.loads(response.read())
-            content = data["choices"][0]["message"]["content"]
-            return content if isinstance(content, str) else None
+            choice = data["choices"][0]
+            content = choice["message"]["content"]
         except Exception as exc:  # transport (URLError, HTTPException, a timeout) or a malformed reply: no answer
             logger.warning("endpoint %s failed (%s: %s)", self.url, type(exc).__name__, exc)
             return None
+        if choice.get("finish_reason") == "length":  # cut at max_tokens: a verdict or a message half-written
+            logger.warning("endpoint %s: the reply ran past max_tokens (%d)", self.url, self.params["max_tokens"])
+            return None
+        return content if isinstance(content, str) else None
 
     def complete(self, prompts: Sequence[Prompt], attempt: int = 0) -> list[str | None]:
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(prompts)))) as pool:

@@ -313,3 +313,40 @@ def test_a_message_that_would_take_the_observation_past_its_space_is_not_kept():
     assert outcome.truncated and outcome.info["truncation"] == "context"
     assert len(outcome.observation) <= bound and [m["role"] for m in episode.messages] == ["system", "user", "assistant"]
     assert episode.records and episode.records[-1].call.name == "find_accounts"  # the call itself was made
+
+
+def test_the_pure_torch_trainer_counts_the_tasks_it_skips():
+    from envace_gym.testing import tiny_policy
+    from envace_gym.training.trainer import TrainerConfig, train
+
+    config = TrainerConfig(domain=_two_tasks(20_000), executor="cached", steps=1, tasks_per_step=2, group_size=2,
+                           max_new_tokens=8)  # fmt: skip
+    (step,) = train(tiny_policy(seed=0, max_context=2048), config)
+    assert step["skipped_tasks"] == 1 and step["rows_act"] >= 2  # the other task's episodes still train
+
+
+@pytest.mark.slow
+def test_trls_envace_trainer_counts_the_tasks_it_skips_and_says_why_a_batch_has_no_rows(tmp_path):
+    from transformers import AutoTokenizer
+
+    from envace_gym.domains.registry import register_domain
+    from envace_gym.integrations import trl as envace_trl
+    from envace_gym.testing import tiny_policy
+
+    register_domain("evil-two-tasks", lambda: _two_tasks(20_000), overwrite=True)
+    policy = tiny_policy(seed=0)
+    policy.model.config.max_position_embeddings = 2048
+    policy.model.save_pretrained(tmp_path / "tiny")
+    policy.tokenizer.save_pretrained(tmp_path / "tiny")
+    args = envace_trl.EnvACEGRPOConfig(
+        output_dir=str(tmp_path / "out"), domain="evil-two-tasks", executor="cached", per_device_train_batch_size=2,
+        num_generations=2, max_completion_length=8, max_steps=1, use_cpu=True, report_to="none", bf16=False,
+        save_strategy="no",
+    )  # fmt: skip
+    trainer = envace_trl.EnvACEGRPOTrainer(
+        model=str(tmp_path / "tiny"), args=args, processing_class=AutoTokenizer.from_pretrained(tmp_path / "tiny")
+    )
+    trainer._generate_and_score_completions([{"prompt": "evil/000"}, {"prompt": "evil/001"}])
+    assert trainer._metrics["train" if trainer.model.training else "eval"]["rollouts/skipped_tasks"] == [1.0]
+    with pytest.raises(RuntimeError, match=r"no training rows; skipped: 2 of its 2 task\(s\) too long to play"):
+        trainer._generate_and_score_completions([{"prompt": "evil/001"}] * 2)

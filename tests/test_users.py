@@ -3,13 +3,25 @@ token-exact observations after simulated turns, batched generation, the tiny mod
 
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
 import gymnasium as gym
 import pytest
 
 import envace_gym  # noqa: F401  (registers the ids)
 from envace_gym.endpoint import ChatEndpoint
 from envace_gym.episode.chat import ChatFormat
-from envace_gym.episode.users import OPENING, STOP_MARKERS, UserSimulator, check_user, task_scenario
+from envace_gym.episode.users import (
+    OPENING,
+    STOP_MARKERS,
+    USER_SAMPLING,
+    UserSimulator,
+    check_user,
+    make_user,
+    task_scenario,
+)
 from envace_gym.policy.protocol import SamplingParams
 from envace_gym.rollout import collect_rollouts
 from envace_gym.testing import ScriptedPolicy, tiny_policy
@@ -118,6 +130,23 @@ def test_user_settings_are_checked():
         UserSimulator(ChatEndpoint("http://127.0.0.1:9/v1", "m"), trained=True)
     with pytest.raises(ValueError, match="instructions must hold '{scenario}'"):
         UserSimulator(ScriptedPolicy([]), instructions="Be a user.")
+    with pytest.raises(ValueError, match="user_model names the model behind a user endpoint URL; user='llm'"):
+        _env("llm", user_model="a-model")  # a name that would otherwise go nowhere
+
+
+def test_a_trained_user_samples_as_the_policy_acts():
+    """The trainers recompute every trained row's log-probs at the rollout's temperature: a user="rehearse" turn is
+    sampled at the Act role's settings (a "llm" user keeps its own), and a trained user sampling otherwise is
+    refused."""
+    act = SamplingParams(max_new_tokens=64, temperature=0.9, top_p=0.95)
+    own = lambda: ScriptedPolicy([])  # noqa: E731
+    rehearsed = make_user("rehearse", own, act=act).sampling
+    assert (rehearsed.temperature, rehearsed.top_p, rehearsed.top_k) == (0.9, 0.95, 0)
+    assert make_user("llm", own, act=act).sampling == USER_SAMPLING
+    with pytest.raises(ValueError, match="a trained user samples as the policy acts"):
+        make_user(UserSimulator(own(), trained=True), own, act=act)
+    env = _env("rehearse", act_sampling=act)
+    assert env.user.trained and env.user.sampling.temperature == 0.9
 
 
 def test_a_tau2_retail_episode_with_an_llm_user():
@@ -168,10 +197,14 @@ def test_a_tau2_episode_with_a_simulated_user_is_scored_by_tau2s_evaluators():
         assert reward == expected and info["reward_checks"] == {"db": True, "communicate": tell}, info["reward_checks"]
 
 
-def test_the_vector_env_batches_its_users_too():
+@pytest.mark.parametrize("setting", ["llm", "simulator"])
+def test_the_vector_env_batches_its_users_too(setting):
+    """One batch per round for the sub-envs' users, whether ``user=`` names one ("llm": the shared policy plays it)
+    or gives it."""
     user = CountingUser(lambda prompt: "I'd like to fly on 2026-12-08.")
+    policy, given = (user, "llm") if setting == "llm" else (ScriptedPolicy([]), UserSimulator(user))
     envs = gym.make_vec("EnvACE-Rehearsal-v0", num_envs=3, vectorization_mode="vector_entry_point", domain="travel",
-                        policy=ScriptedPolicy([]), executor="real", user=UserSimulator(user))  # fmt: skip
+                        policy=policy, executor="real", user=given)  # fmt: skip
     envs.reset(seed=0)
     _, _, terminated, truncated, infos = envs.step(["Which date?"] * 3)
     assert user.batches == [3] and not (terminated.any() or truncated.any())
@@ -331,6 +364,44 @@ def test_an_endpoint_that_does_not_answer_masks_the_episode():
     assert truncated and info["reward_masked"] and "endpoint gave no reply" in info["user_error"]
     assert info["user"]["prompt_ids"] == [] and env.episode.messages == before + [
         {"role": "assistant", "content": "Which date?"}]  # fmt: skip
+
+
+class _FakeEndpoint(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint whose every reply is cut at max_tokens; it keeps the requests' headers."""
+
+    seen: list[dict[str, str]] = []
+
+    def do_POST(self):  # noqa: N802  (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).seen.append(dict(self.headers))
+        body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "I would like to fly on"},
+                                        "finish_reason": "length"}]}).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_endpoint_reply_cut_at_max_tokens_masks_the_episode(monkeypatch):
+    """A half-written user message never enters the conversation, as an in-process user's cut reply does not; the
+    key in ENVACE_API_KEY goes with the requests."""
+    server = HTTPServer(("127.0.0.1", 0), _FakeEndpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("ENVACE_API_KEY", "sk-test")
+    try:
+        env = _env(f"http://127.0.0.1:{server.server_port}/v1", user_model="cut")
+        env.reset(options={"task": "travel/000"})
+        before = list(env.episode.messages)
+        *_, truncated, info = env.step("Which date?")
+    finally:
+        server.shutdown()
+    assert truncated and info["reward_masked"] and "cut at max_tokens" in info["user_error"]
+    assert env.episode.messages == before + [{"role": "assistant", "content": "Which date?"}]
+    assert _FakeEndpoint.seen[-1]["Authorization"] == "Bearer sk-test"
 
 
 @pytest.mark.slow

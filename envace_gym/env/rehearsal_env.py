@@ -183,7 +183,7 @@ class RehearsalEnv(gym.Env[str, str]):
     def user(self) -> UserSimulator | None:
         """The simulated user (built from ``user=`` on first use; ``None``: the task's scripted user turns)."""
         if self._user is None and self._user_spec not in (None, "scripted"):
-            self._user = make_user(self._user_spec, lambda: self.policy, self._user_model)
+            self._user = make_user(self._user_spec, lambda: self.policy, self._user_model, self.act_sampling)
         return self._user
 
     @property

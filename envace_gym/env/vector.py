@@ -61,8 +61,11 @@ class RehearsalVectorEnv(VectorEnv):
         self.progress = progress
         self.domain = make_domain(domain, **dict(domain_kwargs or {}))
         self.policy = make_policy(policy)  # one model for all sub-envs: the same weights act and rehearse
-        self.envs = [
-            RehearsalEnv(self.domain, policy=self.policy, executor=executor, **env_kwargs) for _ in range(num_envs)
+        first = RehearsalEnv(self.domain, policy=self.policy, executor=executor, **env_kwargs)
+        # one simulated user for all sub-envs, so that a round's user turns are one batch
+        shared = {**env_kwargs, "user": first.user, "user_model": None}
+        self.envs = [first] + [
+            RehearsalEnv(self.domain, policy=self.policy, executor=executor, **shared) for _ in range(num_envs - 1)
         ]
         self.session = open_session(self.policy) if self.envs[0].reuse_kv else None  # one cache for all rows
         self.single_observation_space = self.envs[0].observation_space

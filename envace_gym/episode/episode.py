@@ -131,7 +131,7 @@ class Episode:
         self.cache = ReferenceCache(task.reference_pairs()) if config.executor == "cached" else None
         self.reference_pairs = task.reference_pairs()
         self.max_turns = config.max_turns or domain.max_turns
-        self.opening, self.opening_error = opening, None
+        self.opening_error: str | None = None
         if opening is not None and not opening.text:
             self.opening_error = opening.error or f"the user ended the conversation ({opening.stop}) before it began"
             logger.warning("episode of %s opens with the task's prompt: %s", task.id, self.opening_error)

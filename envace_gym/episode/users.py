@@ -20,7 +20,7 @@ policy rehearses its users: each of their generations is also a training row of 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ not answer, reply with only ###OUT-OF-SCOPE###.
 Your scenario:
 {scenario}"""
 USERS = ("scripted", "llm", "rehearse")  # the named settings of ``user=``; a URL is an endpoint
+USER_SAMPLING = SamplingParams(max_new_tokens=128, temperature=0.7)  # a simulated user's turns, by default
 
 
 def own_scenario(task: Task) -> str | None:
@@ -104,7 +105,7 @@ class UserSimulator:
     """
 
     model: Policy | ChatBackend
-    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=128, temperature=0.7))
+    sampling: SamplingParams = USER_SAMPLING
     instructions: str = INSTRUCTIONS
     trained: bool = False
 
@@ -202,8 +203,8 @@ class UserSimulator:
         """The reply in ``text`` (an endpoint's; ``None``: the request failed), a stop marker, or why it cannot
         be used."""
         if text is None:
-            return UserReply(error="the user's endpoint gave no reply (a timeout, a transport error or a malformed "
-                                   "answer; see the log)")  # fmt: skip
+            return UserReply(error="the user's endpoint gave no reply (a timeout, a transport error, a malformed "
+                                   "answer or one cut at max_tokens; see the log)")  # fmt: skip
         text = clean_text(text).strip()
         for marker in STOP_MARKERS:
             if marker in text:
@@ -217,11 +218,13 @@ def check_user(user: Any, user_model: str | None = None) -> None:
     """Refuse a ``user=`` setting that is none of ``"scripted"`` (or ``None``), ``"llm"``, ``"rehearse"``, an
     endpoint URL (with ``user_model``, its model's name), a :class:`~envace_gym.policy.Policy` or a
     :class:`UserSimulator`."""
-    if user is None or user in USERS or isinstance(user, (UserSimulator, Policy)):
-        return
     if isinstance(user, str) and user.startswith(("http://", "https://")):
         if not user_model:
             raise ValueError(f"the user endpoint {user!r} needs its model's name (user_model)")
+        return
+    if user_model is not None:
+        raise ValueError(f"user_model names the model behind a user endpoint URL; user={user!r} is not one")
+    if user is None or user in USERS or isinstance(user, (UserSimulator, Policy)):
         return
     raise ValueError(
         "user must be 'scripted', 'llm' (the policy plays the user), 'rehearse' (the policy plays the user and "
@@ -229,19 +232,43 @@ def check_user(user: Any, user_model: str | None = None) -> None:
     )
 
 
-def make_user(user: Any, own: Callable[[], Policy], user_model: str | None = None) -> UserSimulator | None:
+def make_user(
+    user: Any, own: Callable[[], Policy], user_model: str | None = None, act: SamplingParams | None = None
+) -> UserSimulator | None:
     """The simulated user ``user=`` asks for (``None`` for the scripted one); ``own()`` gives the policy for
-    ``"llm"`` and ``"rehearse"``; ``user_model`` names the model of an endpoint URL."""
+    ``"llm"`` and ``"rehearse"``; ``user_model`` names the model of an endpoint URL (a :class:`ChatEndpoint`: its
+    key, if it needs one, from ``ENVACE_API_KEY``). ``act`` is the Act role's sampling: a trained user
+    (``"rehearse"``) samples at its temperature, top-p and top-k, since the trainers recompute every trained row's
+    log-probs under the rollout's settings; a trained :class:`UserSimulator` that samples otherwise is refused."""
     check_user(user, user_model)
     if user is None or user == "scripted":
         return None
     if isinstance(user, UserSimulator):
+        if user.trained and act is not None and not _samples_as(user.sampling, act):
+            raise ValueError(
+                f"a trained user samples as the policy acts (temperature {act.temperature}, top_p {act.top_p}, top_k "
+                f"{act.top_k}): the trainer recomputes its rows' log-probs under those; its sampling is {user.sampling}"
+            )
         return user
-    if user in ("llm", "rehearse"):
-        return UserSimulator(own(), trained=user == "rehearse")
+    if user == "llm":
+        return UserSimulator(own())
+    if user == "rehearse":
+        sampling = USER_SAMPLING if act is None else _sampled_as(act)
+        return UserSimulator(own(), sampling, trained=True)
     if isinstance(user, str):
-        return UserSimulator(ChatEndpoint(user, user_model, temperature=0.7, max_tokens=128))  # type: ignore[arg-type]
+        endpoint = ChatEndpoint(user, user_model, temperature=USER_SAMPLING.temperature,  # type: ignore[arg-type]
+                                max_tokens=USER_SAMPLING.max_new_tokens)  # fmt: skip
+        return UserSimulator(endpoint)
     return UserSimulator(user)
+
+
+def _sampled_as(act: SamplingParams) -> SamplingParams:
+    """A user turn's sampling with the Act role's temperature, top-p and top-k."""
+    return replace(USER_SAMPLING, temperature=act.temperature, top_p=act.top_p, top_k=act.top_k)
+
+
+def _samples_as(sampling: SamplingParams, act: SamplingParams) -> bool:
+    return (sampling.temperature, sampling.top_p, sampling.top_k) == (act.temperature, act.top_p, act.top_k)
 
 
 __all__ = [

@@ -165,8 +165,8 @@ def collect_rollouts(
             "a separate simulator rehearses in rehearsal_mode='separate' only (inline: the policy's own chat)"
         )
     domain = make_domain(domain)
-    simulated_user = make_user(user, lambda: policy, user_model)
     act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
+    simulated_user = make_user(user, lambda: policy, user_model, act_sampling)
     config = EpisodeConfig.build(
         executor=executor,
         rehearsal_mode=rehearsal_mode,

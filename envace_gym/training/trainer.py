@@ -286,13 +286,14 @@ def train(
             )  # fmt: skip
 
         batch = roll_out(config.tasks_per_step)
-        zero_std = _zero_std_groups(batch)
+        zero_std, skipped = _zero_std_groups(batch), batch.stats["skipped_tasks"]
         if config.refill_zero_std:  # DAPO: keep only groups with a reward spread, refill the rest
             batch, rounds = _informative(batch), 0
             while _groups(batch) < config.tasks_per_step and rounds < config.refill_zero_std:
                 rounds += 1
                 extra = roll_out(config.tasks_per_step - _groups(batch))
                 zero_std += _zero_std_groups(extra)
+                skipped += extra.stats["skipped_tasks"]
                 batch = _merge(batch, _informative(extra))
         # (with a refill, the batch and the metrics below hold the kept groups only)
         # a frozen simulator's rehearsals are not trained; a rehearsed user's turns are (user="rehearse")
@@ -337,6 +338,7 @@ def train(
             "trained_tokens": trained_tokens,
             "masked_episodes": sum(e.reward is None for e in batch.episodes),  # their verifier could not score them
             "zero_std_groups": zero_std,  # groups whose episodes all earned the same reward: no gradient from them
+            "skipped_tasks": skipped,  # drawn but too long to play (TaskTooLongError): no episode
             "real_tool_calls": real_calls,  # calls the real executor answered (0 with executor="rehearsal")
             "seconds": time.perf_counter() - started,
         }

@@ -151,8 +151,10 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
         # its denominator and the KL term, as in envace_gym.training.trainer.
         trained = [list(s.mask) if s.reward is not None else [0] * len(s.mask) for s in samples] + [[0]] * pad_rows
         advantages = advantages + [0.0] * pad_rows
-        if not samples:  # nothing was generated (cannot happen with a non-empty batch; keep TRL's contract)
-            raise RuntimeError("the rollouts produced no training rows")
+        if not samples:  # TRL's step needs at least one row
+            skipped = batch.stats["skipped_tasks"]
+            why = f"{skipped} of its {len(tasks)} task(s) too long to play (see the warnings)" if skipped else "none"
+            raise RuntimeError(f"the rollouts produced no training rows; skipped: {why}")
 
         prompt_ids = pad([torch.tensor(p) for p in prompts], padding_value=pad_id, padding_side="left").to(device)
         prompt_mask = pad(
@@ -227,6 +229,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
             metrics[f"rows/{role}"].append(float(sum(gather_object([sum(s.role == role for s in samples)]))))
         self._log_completions(batch, samples, rewards, groups, mode)
         metrics["episodes"].append(float(sum(gather_object([len(batch.episodes)]))))
+        metrics["rollouts/skipped_tasks"].append(float(sum(gather_object([batch.stats["skipped_tasks"]]))))
         metrics["episode/turns"].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
         masked = sum(gather_object([int(r is None) for r in rewards]))
         metrics["episode/masked"].append(float(masked))
