@@ -467,6 +467,14 @@ def test_real_tools_environment_runs_the_domain_tools(tiny_path, tmp_path):
     reward = envace_trl.real_tools_reward("bank")
     final = [{"role": "assistant", "content": task.reference[-1].content}]
     assert reward(completions=[final], environments=[env]) == [1.0]
+    # the trajectory's `said` holds every assistant text, a call turn's prose too (what τ²'s COMMUNICATE reads)
+    seen, recording = [], make_domain("bank")
+    recording.score = lambda task, trajectory: seen.append((trajectory.answers, trajectory.said)) or 1.0
+    call = {"id": "c0", "type": "function", "function": {"name": "get_balance", "arguments": "{}"}}
+    talk = [{"role": "assistant", "content": "Let me look.", "tool_calls": [call]},
+            {"role": "tool", "content": "{}"}, {"role": "assistant", "content": "Done."}]  # fmt: skip
+    envace_trl.real_tools_reward(recording)(completions=[talk], environments=[env])
+    assert seen == [(("Done.",), ("Let me look.", "Done."))]
 
     from transformers import AutoTokenizer
     from trl import GRPOTrainer

@@ -174,9 +174,10 @@ def test_a_tau2_retail_episode_with_an_llm_user():
 
 def test_a_tau2_episode_with_a_simulated_user_is_scored_by_tau2s_evaluators():
     """The user opens and stops (τ²'s protocol); the agent plays τ²'s gold actions and tells what it must: DB and
-    COMMUNICATE, τ²'s reward basis for retail, both pass. Without the information told, COMMUNICATE fails."""
+    COMMUNICATE, τ²'s reward basis for retail, both pass, whether it tells it in its final answer or in a call turn's
+    prose (τ² reads every assistant message). Without the information told, COMMUNICATE fails."""
     pytest.importorskip("tau2", reason="benchmark data not installed (make benchmarks)")
-    for tell, expected in ((True, 1.0), (False, 0.0)):
+    for tell, expected in (("answer", 1.0), ("call turn", 1.0), (None, 0.0)):
         user = ScriptedPolicy(lambda prompt: "###STOP###" if prompt.count("<|im_start|>user") > 1 else
                               "Hi, I need help with an order of mine.")  # fmt: skip
         env = gym.make("EnvACE-Rehearsal-v0", domain="tau2:retail", policy=ScriptedPolicy([]), executor="real",
@@ -186,15 +187,19 @@ def test_a_tau2_episode_with_a_simulated_user_is_scored_by_tau2s_evaluators():
         assert env.episode.messages[1]["content"] == "Hi, I need help with an order of mine."
         assert task.expected["reward_basis"] == ["DB", "COMMUNICATE"] or sorted(task.expected["reward_basis"]) == [
             "COMMUNICATE", "DB"]  # fmt: skip
+        told = " ".join(turn.content for turn in task.reference if not turn.calls)
         done = False
         while not done:
             action = env.episode.reference_act()
-            if not env.episode.task.reference[env.episode.turn].calls and not tell:
+            if not env.episode.task.reference[env.episode.turn].calls and tell != "answer":
                 action = "Everything is done."
+            elif env.episode.turn == 0 and tell == "call turn":
+                action = f"{told}\n{action}"  # said before the first call, in the same message
             *_, reward, terminated, truncated, info = env.step(action)
             done = terminated or truncated
         assert terminated and info["user"]["stop"] == "###STOP###"
-        assert reward == expected and info["reward_checks"] == {"db": True, "communicate": tell}, info["reward_checks"]
+        checks = {"db": True, "communicate": tell is not None}
+        assert reward == expected and info["reward_checks"] == checks, (tell, info["reward_checks"])
 
 
 @pytest.mark.parametrize("setting", ["llm", "simulator"])

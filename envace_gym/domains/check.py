@@ -225,11 +225,14 @@ def reference_trajectory(task: Task) -> Trajectory:
     route = "cache"
     records: list[CallRecord] = []
     answers: list[str] = []
+    said: list[str] = []
     messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
     later_users, user_turn = list(task.user_turns), 1
     for k, turn in enumerate(task.reference, 1):
         calls = [c.to_openai() for c in turn.calls]
         messages.append({"role": "assistant", "content": turn.content, **({"tool_calls": calls} if calls else {})})
+        if turn.content.strip():
+            said.append(turn.content)
         for call, result in zip(turn.calls, turn.results, strict=False):
             records.append(CallRecord(k, call, route, result, None, user_turn))
             messages.append({"role": "tool", "name": call.name, "content": canonical_json(result)})
@@ -238,7 +241,7 @@ def reference_trajectory(task: Task) -> Trajectory:
             if later_users:
                 messages.append({"role": "user", "content": later_users.pop(0)})
                 user_turn += 1
-    return Trajectory(task, tuple(messages), tuple(records), tuple(answers))
+    return Trajectory(task, tuple(messages), tuple(records), tuple(answers), tuple(said))
 
 
 def _reward_findings(domain: Domain, task: Task) -> Iterator[Finding]:

@@ -43,12 +43,14 @@ class CallRecord:
 
 @dataclass(frozen=True)
 class Trajectory:
-    """What a reward sees: the task, the conversation, every call made and every final answer."""
+    """What a reward sees: the task, the conversation, every call made, every final answer, and everything the agent
+    wrote outside its calls (``said``: its final answers and the prose of its call turns, in order)."""
 
     task: Task
     messages: tuple[Mapping[str, Any], ...]
     calls: tuple[CallRecord, ...]
     answers: tuple[str, ...]
+    said: tuple[str, ...] = ()
 
     @property
     def valid_calls(self) -> list[ToolCall]:

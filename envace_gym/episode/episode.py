@@ -222,7 +222,10 @@ class Episode:
         return self.chat.encode(text)
 
     def trajectory(self) -> Trajectory:
-        return Trajectory(self.task, tuple(copy.deepcopy(self.messages)), tuple(self.records), tuple(self.answers))
+        return Trajectory(
+            self.task, tuple(copy.deepcopy(self.messages)), tuple(self.records), tuple(self.answers),
+            tuple(self.transcript.said),
+        )  # fmt: skip
 
     def fork(self, config: EpisodeConfig, rng: np.random.Generator, note: str | None = None) -> Episode:
         """A private copy of the conversation so far, played on under ``config`` (say, every call rehearsed):
@@ -316,6 +319,8 @@ class Episode:
             )
             return self._after_errors([parsed.error], info)
 
+        if parsed.content.strip():
+            self.transcript.said.append(parsed.content)
         if parsed.is_final_answer:
             self.answers.append(parsed.content)
             if self.user is not None:

@@ -3,7 +3,8 @@
 The conversation is kept twice, as messages (what the reward and ``info["messages"]`` see) and as token ids that
 only grow (the next Act prompt): ``prompt_ids`` is the opening prompt, then ``ids``, everything after it, with the
 log-probability and the training mask of each (1 where the policy wrote the token). ``rows`` are the training rows of
-``separate`` mode (and a rehearsed user's), ``records`` one per tool call, ``answers`` the agent's messages to the user.
+``separate`` mode (and a rehearsed user's), ``records`` one per tool call, ``answers`` the agent's final answers, ``said``
+everything it wrote outside its calls (its answers and the prose of its call turns).
 
 Everything here only grows during a turn, so :meth:`Transcript.mark` is a handful of lengths and
 :meth:`Transcript.rollback` cuts back to them: an episode whose turn fails undoes the whole turn.
@@ -29,6 +30,7 @@ class Mark:
     rows: int
     records: int
     answers: int
+    said: int
     prompt_text: str
     turn_open: bool
 
@@ -46,6 +48,7 @@ class Transcript:
     rows: list[Row] = field(default_factory=list)
     records: list[CallRecord] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)
     turn_open: bool = False  # the last Act turn was cut before its end token
 
     def __post_init__(self) -> None:
@@ -66,14 +69,14 @@ class Transcript:
     def mark(self) -> Mark:
         return Mark(
             len(self.messages), len(self.prompt_ids), len(self.ids), len(self.rows), len(self.records),
-            len(self.answers), self.prompt_text, self.turn_open,
+            len(self.answers), len(self.said), self.prompt_text, self.turn_open,
         )  # fmt: skip
 
     def rollback(self, mark: Mark) -> None:
         """Back to where :meth:`mark` stood: what was added since is dropped."""
         del self.messages[mark.messages :], self.prompt_ids[mark.prompt_ids :], self.rows[mark.rows :]
         del self.ids[mark.ids :], self.logprobs[mark.ids :], self.mask[mark.ids :]
-        del self.records[mark.records :], self.answers[mark.answers :]
+        del self.records[mark.records :], self.answers[mark.answers :], self.said[mark.said :]
         self.prompt_text, self.turn_open = mark.prompt_text, mark.turn_open
 
     def fork(self) -> Transcript:

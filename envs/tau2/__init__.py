@@ -107,7 +107,7 @@ class Tau2Domain(Domain):
     τ²'s evaluators, combined as τ² combines them: the product over the task's ``reward_basis`` (DB × COMMUNICATE for
     every retail and airline task). DB: replaying the agent's valid calls on a fresh database must give the same hash
     as replaying the gold actions (τ²'s database hash). COMMUNICATE and ACTION are τ²'s own ``CommunicateEvaluator``
-    (each ``communicate_info`` string in one of the agent's messages to the user) and ``ActionEvaluator`` (each gold
+    (each ``communicate_info`` string in one of the agent's messages: its answers and its call turns' prose) and ``ActionEvaluator`` (each gold
     action among the agent's calls), run on the episode's messages. A basis this domain cannot check (natural-language
     or environment assertions, which no retail or airline task uses) masks the episode. Unlike τ², an episode cut by
     the turn bound is scored too (τ² gives it 0).
@@ -225,11 +225,12 @@ class Tau2Domain(Domain):
 
 
 def _tau2_messages(trajectory: Trajectory) -> list[Any]:
-    """What τ²'s evaluators read of an episode: the agent's messages to the user, and its valid calls."""
+    """What τ²'s evaluators read of an episode: every text the agent wrote (its answers and the prose of its call
+    turns: τ²'s COMMUNICATE check reads every assistant message's content), and its valid calls."""
     from tau2.data_model.message import AssistantMessage
     from tau2.data_model.message import ToolCall as Tau2Call
 
-    said = [AssistantMessage(role="assistant", content=text) for text in trajectory.answers if text.strip()]
+    said = [AssistantMessage(role="assistant", content=text) for text in trajectory.said if text.strip()]
     calls = [
         AssistantMessage(role="assistant", tool_calls=[Tau2Call(id=c.id or "", name=c.name, arguments=dict(c.arguments))])
         for c in trajectory.valid_calls

@@ -78,7 +78,7 @@ def real_tools_reward(domain: str | Domain, reward: str = "domain"):
         successes: list[float] = []
         for completion, env in zip(completions, environments, strict=True):
             answer = _final_text(completion)
-            trajectory = Trajectory(env.task, (), tuple(env.records), (answer,) if answer else ())
+            trajectory = Trajectory(env.task, (), tuple(env.records), (answer,) if answer else (), _said(completion))
             try:
                 result = (
                     score_reference(env.task, trajectory)
@@ -112,6 +112,16 @@ def _final_text(completion: Any) -> str:
             return str(message["content"])
     return ""
 
+
+def _said(completion: Any) -> tuple[str, ...]:
+    """Every text the completion's assistant wrote, its call turns' prose included."""
+    if isinstance(completion, str):
+        return (completion,) if completion.strip() else ()
+    return tuple(
+        m["content"]
+        for m in completion
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"].strip()
+    )
 
 
 @dataclass(frozen=True)
