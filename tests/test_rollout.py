@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -98,6 +99,42 @@ def test_partial_reset_and_task_options(tiny):
     assert list(infos["task_id"]) == ["units/train/001", "units/train/002", "units/train/003"]
     obs2, infos2 = venv.reset(options={"task": "units/009", "reset_mask": [False, True, False]})
     assert obs2[0] == obs[0] and obs2[2] == obs[2] and infos2["task_id"][1] == "units/train/009"
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_vector_infos_batch_when_sub_envs_differ_in_what_they_report(mode):
+    """A clean step beside a malformed call: info["error"] is None in one sub-env, a dict in the other; Gymnasium's
+    batching took the first one's type and broke on the second. A None is reported as absent (mask False)."""
+    from envace_gym.testing import ScriptedPolicy
+
+    for bad in (1, 0):  # in either order
+        venv = RehearsalVectorEnv(2, "bank", policy=ScriptedPolicy(lambda prompt: "Done."), autoreset_mode=mode)
+        venv.reset(seed=0)
+        actions = ["Done.", "Done."]
+        actions[bad] = "<tool_call>{oops</tool_call>"
+        *_, infos = venv.step(actions)
+        infos = infos["final_info"] if mode == "SameStep" else infos
+        assert [bool(m) for m in infos["_error"]] == [i == bad for i in range(2)]
+        assert infos["error"]["code"][bad] == "INVALID_TOOL_CALL_FORMAT"
+
+
+def test_vector_reset_options_are_checked_and_a_list_of_seeds_seeds_the_generations(tiny):
+    runs = []
+    for _ in range(2):
+        venv = RehearsalVectorEnv(2, "units", policy=tiny)
+        venv.reset(seed=[3, 11])
+        runs.append(int(venv.np_random.integers(2**31)))  # what seeds the next batched generation
+    assert runs[0] == runs[1]
+    with pytest.raises(ValueError, match="reset_mask'] must be 2 booleans, at least one True"):
+        venv.reset(options={"reset_mask": [True]})
+    with pytest.raises(ValueError, match="reset_mask'] must be 2 booleans, at least one True"):
+        venv.reset(options={"reset_mask": [False, False]})
+    with pytest.raises(ValueError, match="must be one task or 2, got 3"):
+        venv.reset(options={"task": ["units/001", "units/002", "units/003"]})
+    _, infos = venv.reset(options={"task": np.array(["units/001", "units/002"])})
+    assert list(infos["task_id"]) == ["units/train/001", "units/train/002"]
+    with pytest.raises(ValueError, match="does not render"):
+        RehearsalVectorEnv(2, "units", policy=tiny, render_mode="human")
 
 
 def forward_logprobs(model, prompt, completion, temperature):

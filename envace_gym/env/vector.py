@@ -53,6 +53,8 @@ class RehearsalVectorEnv(VectorEnv):
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        if env_kwargs.get("render_mode") is not None:  # steps run as coroutines: a sub-env's render would show resets only
+            raise ValueError("RehearsalVectorEnv does not render; read a sub-env's conversation in infos['messages']")
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         if self.autoreset_mode is AutoresetMode.DISABLED:
             raise ValueError("autoreset_mode DISABLED is not supported; use NEXT_STEP or SAME_STEP")
@@ -79,18 +81,25 @@ class RehearsalVectorEnv(VectorEnv):
     def reset(
         self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[tuple[str, ...], dict[str, Any]]:
-        super().reset(seed=seed if isinstance(seed, int) or seed is None else None)
         if seed is None or isinstance(seed, int):
             seeds = [None if seed is None else seed + i for i in range(self.num_envs)]
+            super().reset(seed=seed)
         else:
             seeds = list(seed)
             if len(seeds) != self.num_envs:
                 raise ValueError(f"expected {self.num_envs} seeds, got {len(seeds)}")
+            # the batched generations' seeds come from np_random: seeded from the list when it is whole
+            whole = all(s is not None for s in seeds)
+            super().reset(seed=int(np.random.SeedSequence(seeds).generate_state(1)[0]) if whole else None)
         options = dict(options or {})
-        mask = np.asarray(options.pop("reset_mask", np.ones(self.num_envs, dtype=bool)), dtype=bool)
+        mask = np.asarray(options.pop("reset_mask", np.ones(self.num_envs, dtype=bool)))
+        if mask.shape != (self.num_envs,) or mask.dtype != np.bool_ or not mask.any():
+            raise ValueError(f"options['reset_mask'] must be {self.num_envs} booleans, at least one True, got {mask!r}")
         tasks = options.pop("task", None)
-        if tasks is not None and (isinstance(tasks, str) or not isinstance(tasks, Sequence)):
+        if tasks is not None and (isinstance(tasks, str) or not isinstance(tasks, (Sequence, np.ndarray))):
             tasks = [tasks] * self.num_envs
+        elif tasks is not None and len(tasks) != self.num_envs:
+            raise ValueError(f"options['task'] must be one task or {self.num_envs}, got {len(tasks)}")
         obs, infos = [], {}
         for i, env in enumerate(self.envs):
             if mask[i]:
@@ -98,7 +107,7 @@ class RehearsalVectorEnv(VectorEnv):
                 o, info = self._reset_one(i, seed=seeds[i], options=task_opts)
                 self._needs_reset[i] = False
                 self._acts[i] = None
-                infos = self._add_info(infos, info, i)
+                infos = self._add_info(infos, _present(info), i)
             else:
                 o = env.episode.observation()
             obs.append(o)
@@ -131,7 +140,7 @@ class RehearsalVectorEnv(VectorEnv):
             if self._needs_reset[i]:  # NEXT_STEP autoreset: this step only resets
                 obs[i], info = self._reset_one(i)
                 self._needs_reset[i] = False
-                infos = self._add_info(infos, info, i)
+                infos = self._add_info(infos, _present(info), i)
                 continue
             act, self._acts[i] = self._acts[i], None
             stepping.append(i)
@@ -150,7 +159,7 @@ class RehearsalVectorEnv(VectorEnv):
                     info = {**info, "final_obs": final_obs, "final_info": final_info}
                 else:
                     self._needs_reset[i] = True
-            infos = self._add_info(infos, info, i)
+            infos = self._add_info(infos, _present(info), i)
         return tuple(obs), rewards, terminated, truncated, infos
 
     def driver(self) -> EpisodeDriver:
@@ -166,3 +175,10 @@ class RehearsalVectorEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
             env.close()
+
+
+def _present(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` without its ``None`` values, nested dicts too. Gymnasium batches a key by the type of the first
+    sub-env's value, and a ``None`` beside a dict breaks that; a key left out is Gymnasium's "absent" (its ``_key``
+    mask False)."""
+    return {k: _present(v) if isinstance(v, dict) else v for k, v in info.items() if v is not None}
