@@ -356,6 +356,10 @@ def test_vllm_server_mode_is_refused_by_name_before_any_engine_or_rollout(tiny_p
     rollout_func = envace_trl.make_rollout_func("units")
     with pytest.raises(ValueError, match="make_rollout_func's rollouts generates with vLLM in vllm_mode='colocate'"):
         rollout_func(["units/train/000"], SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="server")))
+    for setting, says in (({"vllm_tensor_parallel_size": 2}, "cannot shard a colocated engine"),
+                          ({"vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode=True is not supported")):  # fmt: skip
+        with pytest.raises(ValueError, match=says):
+            envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", use_vllm=True, **setting, **CPU)
 
 
 @pytest.mark.parametrize(
@@ -363,6 +367,9 @@ def test_vllm_server_mode_is_refused_by_name_before_any_engine_or_rollout(tiny_p
     [
         {"top_k": 5}, {"min_p": 0.1}, {"repetition_penalty": 1.3}, {"generation_kwargs": {"typical_p": 0.5}},
         {"scale_rewards": "group"}, {"mask_truncated_completions": True}, {"pad_to_multiple_of": 8},
+        {"chat_template_kwargs": {"enable_thinking": False}}, {"cache_implementation": "static"},
+        {"max_tool_calling_iterations": 3}, {"vllm_structured_outputs_regex": "a+"}, {"use_transformers_paged": True},
+        {"use_transformers_continuous_batching": True}, {"multi_objective_aggregation": "normalize_then_sum"},
     ],
     ids=lambda d: next(iter(d)),
 )  # fmt: skip

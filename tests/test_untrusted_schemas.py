@@ -348,5 +348,5 @@ def test_trls_envace_trainer_counts_the_tasks_it_skips_and_says_why_a_batch_has_
     )
     trainer._generate_and_score_completions([{"prompt": "evil/000"}, {"prompt": "evil/001"}])
     assert trainer._metrics["train" if trainer.model.training else "eval"]["rollouts/skipped_tasks"] == [1.0]
-    with pytest.raises(RuntimeError, match=r"no training rows; skipped: 2 of its 2 task\(s\) too long to play"):
+    with pytest.raises(RuntimeError, match=r"no training rows; skipped here: 2 of its 2 task\(s\) too long to play"):
         trainer._generate_and_score_completions([{"prompt": "evil/001"}] * 2)

@@ -71,10 +71,15 @@ def test_envace_trainer_trains_on_colocated_vllm_and_syncs_its_weights_each_step
         model=str(tiny_vllm_folder), args=args, reward_funcs=[_length_reward], callbacks=[Snapshot()],
         processing_class=tokenizer,
     )  # fmt: skip
-    syncs = []
+    syncs, outputs = [], []
     sync = trainer.vllm_generation.sync_weights
     trainer.vllm_generation.sync_weights = lambda: (syncs.append(trainer.state.global_step), sync())[-1]
+    score = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: (outputs.append(score(inputs)), outputs[-1])[-1]
     trainer.train()
+
+    # the engine's own log-probs reach TRL's loss (its off-policy mask reads them), one per completion token
+    assert outputs and all(o["sampling_per_token_logps"].shape == o["completion_ids"].shape for o in outputs)
 
     assert syncs == [0, 1]  # once per optimizer step, before its rollouts
     logged = {k for entry in trainer.state.log_history for k in entry}

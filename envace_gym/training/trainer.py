@@ -286,14 +286,14 @@ def train(
             )  # fmt: skip
 
         batch = roll_out(config.tasks_per_step)
-        zero_std, skipped = _zero_std_groups(batch), batch.stats["skipped_tasks"]
+        zero_std, skipped = _zero_std_groups(batch), batch.stats.get("skipped_tasks", 0)
         if config.refill_zero_std:  # DAPO: keep only groups with a reward spread, refill the rest
             batch, rounds = _informative(batch), 0
             while _groups(batch) < config.tasks_per_step and rounds < config.refill_zero_std:
                 rounds += 1
                 extra = roll_out(config.tasks_per_step - _groups(batch))
                 zero_std += _zero_std_groups(extra)
-                skipped += extra.stats["skipped_tasks"]
+                skipped += extra.stats.get("skipped_tasks", 0)
                 batch = _merge(batch, _informative(extra))
         # (with a refill, the batch and the metrics below hold the kept groups only)
         # a frozen simulator's rehearsals are not trained; a rehearsed user's turns are (user="rehearse")

@@ -15,14 +15,27 @@ from trl import GRPOConfig, GRPOTrainer
 from ...errors import TrainingConfigError
 
 
-def refuse_vllm_server(args: Any, what: str) -> None:
-    """An episode is many generations from growing token-id prompts, played in this process; ``trl vllm-serve``
-    answers one request at a time over HTTP and takes new weights over NCCL (GPUs only). Refused by name."""
+def refuse_vllm_settings(args: Any, what: str) -> None:
+    """The vLLM settings rollouts cannot honour, refused by name. An episode is many generations from growing
+    token-id prompts, played in this process: ``trl vllm-serve`` answers one request at a time over HTTP and takes
+    new weights over NCCL (GPUs only); a tensor-parallel engine needs its ranks to generate together, and sleep
+    mode needs TRL's wake and sleep calls around each generation."""
     if getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", "colocate") != "colocate":
         raise TrainingConfigError(
             f"{what} generates with vLLM in vllm_mode='colocate' only (an engine in this process, loaded with the "
             f"trainer's weights once per optimizer step); vllm_mode={args.vllm_mode!r} (trl vllm-serve) is not "
             "supported. Set vllm_mode='colocate', or use_vllm=False."
+        )
+    if getattr(args, "use_vllm", False) and getattr(args, "vllm_tensor_parallel_size", 1) != 1:
+        raise TrainingConfigError(
+            f"{what} cannot shard a colocated engine (vllm_tensor_parallel_size={args.vllm_tensor_parallel_size}): "
+            "each process plays its own episodes, so the ranks of a tensor-parallel group would not generate "
+            "together. Leave it at 1."
+        )
+    if getattr(args, "use_vllm", False) and getattr(args, "vllm_enable_sleep_mode", False):
+        raise TrainingConfigError(
+            f"{what} generates many times per step, between TRL's wake and sleep calls it does not make: "
+            "vllm_enable_sleep_mode=True is not supported. Leave it off."
         )
 
 

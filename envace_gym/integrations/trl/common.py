@@ -76,16 +76,22 @@ def trl_sampling(args: Any) -> tuple[SamplingParams, RehearsalConfig]:
     return rollout_sampling(tokens, getattr(args, "temperature", 1.0), getattr(args, "top_p", 1.0) or 1.0)
 
 
-# GRPOConfig settings that world-rehearsal rollouts do not apply, with the values that mean "left unset".
+# GRPOConfig settings that world-rehearsal rollouts do not apply (they sample with temperature, top_p and
+# max_completion_length only, render with the tokenizer's own chat template and play episodes to max_turns), with
+# the values that mean "left unset".
 UNUSED_BY_ROLLOUTS: dict[str, tuple[Any, ...]] = {
     "top_k": (0, None), "min_p": (None,), "repetition_penalty": (1.0, None), "generation_kwargs": (None, {}),
+    "chat_template_kwargs": (None, {}), "cache_implementation": (None,), "max_tool_calling_iterations": (None,),
+    "vllm_structured_outputs_regex": (None,), "use_transformers_paged": (False,),
+    "use_transformers_continuous_batching": (False,), "transformers_continuous_batching_config": (None, {}),
 }  # fmt: skip
 
 
-# ... and those EnvACEGRPOTrainer's own generation step does not apply either.
+# ... and those EnvACEGRPOTrainer's own generation step does not apply either: its advantages are role-wise
+# (A = R - mean of the group's rows of the same role), its episode reward the weighted sum of the reward functions.
 UNUSED_BY_ENVACE_TRAINER: dict[str, tuple[Any, ...]] = {
     **UNUSED_BY_ROLLOUTS, "scale_rewards": ("none",), "mask_truncated_completions": (False,),
-    "pad_to_multiple_of": ("auto", None),
+    "pad_to_multiple_of": ("auto", None), "multi_objective_aggregation": ("sum_then_normalize",),
 }  # fmt: skip
 
 
@@ -93,10 +99,16 @@ def refuse_unused(args: Any, unused: dict[str, tuple[Any, ...]], what: str) -> N
     """Refuse, naming them, the settings a user set that ``what`` would otherwise silently ignore."""
     given = [f"{k}={getattr(args, k)!r}" for k, unset in unused.items() if getattr(args, k, unset[0]) not in unset]
     if given:
+        why = (
+            "its advantages are role-wise (A = R - mean, scale_rewards='none') and its reward the weighted sum of "
+            "the reward functions"
+            if unused is UNUSED_BY_ENVACE_TRAINER
+            else "TRL's own generation settings do not reach them"
+        )
         raise TrainingConfigError(
             f"{what} does not apply {', '.join(given)}: its rollouts sample with temperature, top_p and "
-            "max_completion_length only, and its advantages are role-wise (A = R - mean, scale_rewards='none'). "
-            "Leave these settings at their defaults."
+            f"max_completion_length only, with the tokenizer's own chat template, and {why}. Leave these settings "
+            "at their defaults."
         )
 
 

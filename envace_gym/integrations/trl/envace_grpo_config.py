@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ...episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
 from ...episode.users import check_user
 from ...errors import TrainingConfigError
-from .colocated_vllm import refuse_vllm_server
+from .colocated_vllm import refuse_vllm_settings
 from .common import UNUSED_BY_ENVACE_TRAINER, refuse_sharded, refuse_unused
 from .packed_grpo_config import PackedGRPOConfig
 
@@ -70,7 +70,7 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
             check_user(self.user, self.user_model)
         except ValueError as exc:
             raise TrainingConfigError(str(exc)) from None
-        refuse_vllm_server(self, "EnvACEGRPOTrainer")
+        refuse_vllm_settings(self, "EnvACEGRPOTrainer")
         refuse_unused(self, UNUSED_BY_ENVACE_TRAINER, "EnvACEGRPOTrainer")
         refuse_sharded(self, "EnvACEGRPOTrainer")
 

@@ -141,9 +141,14 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
         offset = sum(len(x) for x in gather_object([mine])[: self.accelerator.process_index])
         advantages = all_adv[offset : offset + len(mine)]
 
-        # Keep the generation batch divisible by steps_per_generation: pad with rows that train nothing.
+        if sum(gather_object([len(samples)])) == 0:  # decided together: a process alone raising leaves the rest waiting
+            skipped = batch.stats.get("skipped_tasks", 0)
+            why = f"{skipped} of its {len(tasks)} task(s) too long to play (see the warnings)" if skipped else "none"
+            raise RuntimeError(f"the rollouts produced no training rows; skipped here: {why}")
+        # Keep the generation batch divisible by steps_per_generation: pad with rows that train nothing (a process
+        # whose episodes gave no row trains padding only, and still takes part in every collective step).
         steps = self.args.steps_per_generation if mode == "train" else 1
-        pad_rows = (-len(samples)) % steps
+        pad_rows = (-len(samples)) % steps if samples else steps
         pad_id = self.processing_class.pad_token_id or 0
         prompts = [list(s.prompt_ids) for s in samples] + [[pad_id]] * pad_rows
         completions = [list(s.completion_ids) for s in samples] + [[pad_id]] * pad_rows
@@ -151,10 +156,6 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
         # its denominator and the KL term, as in envace_gym.training.trainer.
         trained = [list(s.mask) if s.reward is not None else [0] * len(s.mask) for s in samples] + [[0]] * pad_rows
         advantages = advantages + [0.0] * pad_rows
-        if not samples:  # TRL's step needs at least one row
-            skipped = batch.stats["skipped_tasks"]
-            why = f"{skipped} of its {len(tasks)} task(s) too long to play (see the warnings)" if skipped else "none"
-            raise RuntimeError(f"the rollouts produced no training rows; skipped: {why}")
 
         prompt_ids = pad([torch.tensor(p) for p in prompts], padding_value=pad_id, padding_side="left").to(device)
         prompt_mask = pad(
@@ -203,11 +204,13 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
                 output["ref_per_token_logps"] = ref
 
         metrics = self._metrics[mode]
-        if correct_sampling:
+        if self.use_vllm:  # the engine's own log-probs: TRL's off-policy mask reads them, as its sampling correction
             sampled = pad(
                 [torch.tensor(s.logprobs, dtype=torch.float32) for s in samples] + [torch.zeros(1)] * pad_rows,
                 padding_value=0.0, padding_side="right",
             ).to(device)  # fmt: skip
+            output["sampling_per_token_logps"] = sampled
+        if correct_sampling:
             scored = completion_mask * tool_mask
             ratio = importance_sampling_ratio(output["old_per_token_logps"], sampled, scored, self.args)
             output["importance_sampling_ratio"] = ratio
@@ -229,7 +232,8 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
             metrics[f"rows/{role}"].append(float(sum(gather_object([sum(s.role == role for s in samples)]))))
         self._log_completions(batch, samples, rewards, groups, mode)
         metrics["episodes"].append(float(sum(gather_object([len(batch.episodes)]))))
-        metrics["rollouts/skipped_tasks"].append(float(sum(gather_object([batch.stats["skipped_tasks"]]))))
+        skipped = sum(gather_object([batch.stats.get("skipped_tasks", 0)]))  # too long to play: no episode
+        metrics["rollouts/skipped_tasks"].append(float(skipped))
         metrics["episode/turns"].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
         masked = sum(gather_object([int(r is None) for r in rewards]))
         metrics["episode/masked"].append(float(masked))

@@ -13,7 +13,7 @@ import torch
 from ...domains.domain import Domain
 from ...domains.registry import make_domain
 from ...rollout.collector import collect_rollouts
-from .colocated_vllm import refuse_vllm_server
+from .colocated_vllm import refuse_vllm_settings
 from .common import UNUSED_BY_ROLLOUTS, refuse_sharded, refuse_unused, task_ids, trainer_policy, trl_sampling
 
 
@@ -41,7 +41,7 @@ def make_rollout_func(
     dom = make_domain(domain)
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        refuse_vllm_server(trainer.args, "make_rollout_func's rollouts")
+        refuse_vllm_settings(trainer.args, "make_rollout_func's rollouts")
         refuse_sharded(trainer.args, "make_rollout_func's rollouts")
         refuse_unused(trainer.args, UNUSED_BY_ROLLOUTS, "make_rollout_func's rollouts")
         act, rehearsal = trl_sampling(trainer.args)
