@@ -146,7 +146,7 @@ def test_entropies_and_top1_equal_the_plain_forward():
 
 
 def test_eager_attention_and_another_family_take_the_mask():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
     tok = tiny_tokenizer()
     eager = tiny_model(tok, seed=6)
@@ -156,7 +156,9 @@ def test_eager_attention_and_another_family_take_the_mask():
         Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
     )  # fmt: skip
-    for model in (eager, qwen):
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=1024,
+                                      resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))  # fmt: skip
+    for model in (eager, qwen, gpt2):  # GPT-2: absolute position embeddings, so left padding must not shift them
         assert packing_support(model) is None
         prompts, completions = ragged_rows(model.config.vocab_size, seed=2)
         keep = [i for i, c in enumerate(completions) if c]

@@ -121,6 +121,10 @@ def test_training_resumes_from_its_checkpoint(tmp_path):
     assert seen == [1, 2] and [h["step"] for h in history] == [1, 2, 3]
     for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+    # without checkpoint_every, the state is still saved at the end
+    (first,) = train(tiny_policy(seed=6), TrainerConfig(**{**config.__dict__, "steps": 1}), checkpoint=tmp_path / "end.pt")
+    later = train(tiny_policy(seed=6), config, checkpoint=tmp_path / "end.pt")
+    assert (tmp_path / "end.pt").exists() and later[0] == first  # step 1 was loaded, not played again
 
 
 def test_sft_steps_resume_where_they_stopped(tmp_path):
@@ -208,6 +212,11 @@ def test_trainer_config_refuses_what_it_cannot_do():
         TrainerConfig(frozen_simulator=True, rehearsal_mode="inline")
     with pytest.raises(ValueError, match="frozen_simulator rehearses"):
         TrainerConfig(frozen_simulator=True, executor="real")
+    with pytest.raises(ValueError, match="epsilon \\(the clip range\\) must be positive"):
+        TrainerConfig(epsilon=0.0)
+    with pytest.raises(ValueError, match="delta \\(the dual-clip bound\\) must exceed 1 \\+ epsilon = 1.2, got 1.1"):
+        TrainerConfig(delta=1.1)  # PPO's clip keeps ratios up to 1.2: a bound under it would stop their gradient
+    TrainerConfig(delta=None), TrainerConfig(delta=3.0)
 
 
 def test_fidelity_tells_copying_from_simulation():

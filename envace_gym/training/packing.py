@@ -459,8 +459,8 @@ def _packed_scores(
 def plain_scores(
     model: Any, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], temperature: float = 1.0
 ) -> Scores:
-    """The plain per-row forward (what TRL does): prompts left-padded, completions right-padded, one padded
-    batch, logits for the completion columns only."""
+    """The plain per-row forward (TRL's layout): prompts left-padded, completions right-padded, one padded batch,
+    logits for the completion columns only, each row's positions counted from its first token."""
     device = _device(model)
     width_p = max(len(p) for p in prompts)
     width_c = max(len(c) for c in completions)
@@ -471,7 +471,10 @@ def plain_scores(
         ids[i, width_p : width_p + len(c)] = torch.as_tensor(list(c), dtype=torch.long)
         attention[i, width_p - len(p) : width_p + len(c)] = 1
     ids, attention = ids.to(device), attention.to(device)
-    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=width_c + 1, use_cache=False).logits
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # from each row's first token: absolute embeddings need it
+    logits = model(
+        input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=width_c + 1, use_cache=False
+    ).logits
     flat = token_scores(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, width_p:].reshape(-1), temperature)
     grids = [x.view(len(prompts), width_c) for x in flat]
     return Scores(*([g[i, : len(c)] for i, c in enumerate(completions)] for g in grids))

@@ -149,6 +149,10 @@ class TrainerConfig:
             raise ValueError("user is a name or an endpoint URL here; pass a UserSimulator to collect_rollouts instead")
         if self.refill_zero_std < 0:
             raise ValueError(f"refill_zero_std must be at least 0, got {self.refill_zero_std}")
+        if self.epsilon <= 0:
+            raise ValueError(f"epsilon (the clip range) must be positive, got {self.epsilon}")
+        if self.delta is not None and self.delta <= 1 + self.epsilon:  # below, it stops gradients PPO's clip keeps
+            raise ValueError(f"delta (the dual-clip bound) must exceed 1 + epsilon = {1 + self.epsilon}, got {self.delta}")
 
 
 def token_logprobs(
@@ -253,8 +257,8 @@ def train(
     ``checkpoint``: a file that holds the training state (weights, optimizer, random state, history) every
     ``checkpoint_every`` steps and at the end; when it exists, training resumes from it. ``on_checkpoint(step)``
     runs just before each save (an evaluation for a learning curve, say). ``simulator``: the frozen simulator of
-    ``config.frozen_simulator`` (default: a copy of the starting weights; pass it when resuming, since the
-    weights a resumed run starts from are no longer the starting ones).
+    ``config.frozen_simulator`` (default: a copy of the weights ``policy`` holds when called, before a checkpoint
+    is loaded, as the KL reference is: the starting weights, when a resumed run is given its starting model).
     """
     model, domain = policy.model, make_domain(config.domain)
     tasks = domain.tasks("train")
@@ -346,7 +350,7 @@ def train(
         if log is not None:
             log(metrics)
         last = step + 1 == config.steps
-        if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or last):
+        if checkpoint is not None and (last or (checkpoint_every and (step + 1) % checkpoint_every == 0)):
             if on_checkpoint is not None:
                 on_checkpoint(step + 1)
             save_state(checkpoint, model, optimizer, rng, history)
