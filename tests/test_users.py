@@ -429,3 +429,35 @@ def test_a_user_served_by_transformers_serve_answers_and_stops(tmp_path):
         env.reset(options={"task": "travel/000"})
         *_, reward, terminated, truncated, info = env.step("Your flight is booked.")
     assert terminated and info["user"]["stop"] == "###STOP###" and not info["reward_masked"], info.get("user_error")
+
+
+def test_a_seed_gives_the_same_task_and_stream_once_a_task_is_known_too_long():
+    """The user writes each τ²-style opening from a generator of its own, drawn once per task drawn: an env that
+    already knows a task is too long skips it and still ends a seeded reset where a fresh env does."""
+    from envace_gym.domains.dataset import DatasetDomain
+
+    def row(i, system="Help."):
+        return {"id": f"talk/{i:03d}", "messages": [{"role": "system", "content": system},
+                                                    {"role": "user", "content": "Hi."},
+                                                    {"role": "assistant", "content": "Done."}],  # fmt: skip
+                "expected": {"user_scenario": f"You want help with order #{i}."}}
+
+    rows = [row(0), row(1, "Help. " + "x " * 20_000), row(2), row(3)]  # task 1's system prompt cannot fit
+    policy = ScriptedPolicy(lambda prompt: "Done.")
+    policy.max_context = 2048
+
+    def env():
+        user = UserSimulator(ScriptedPolicy(lambda prompt: "Hello, I need help with an order."))
+        return gym.make("EnvACE-Rehearsal-v0", domain=DatasetDomain(rows, name="talk", test_fraction=0.0),
+                        policy=policy, executor="rehearsal", user=user).unwrapped  # fmt: skip
+
+    knows = env()
+    for seed in range(20):
+        knows.reset(seed=seed)
+    assert knows.unfit_tasks == {"talk/001"}
+    for seed in range(20):
+        fresh = env()
+        _, fresh_info = fresh.reset(seed=seed)
+        _, info = knows.reset(seed=seed)
+        assert info["task"]["id"] == fresh_info["task"]["id"] != "talk/001"
+        assert knows.np_random.integers(2**31) == fresh.np_random.integers(2**31)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
@@ -234,10 +235,13 @@ class RehearsalEnv(gym.Env[str, str]):
         tokenizer, max_context = self._tokenizer_and_context()
         while True:
             task = self._resolve_task(chosen)
+            # a simulated user that writes the first message (τ²-Bench's) writes it now, from a generator of its own:
+            # one draw per task drawn, so skipping a task known to be too long leaves the stream as it was
+            user = self.user
+            user_rng = np.random.default_rng(int(self.np_random.integers(2**63))) if user is not None else None
             if chosen is None and task.id in self.unfit_tasks:
                 continue  # drawn again as when it was first found too long: a seed always gives the same task
-            # a simulated user that writes the first message (τ²-Bench's) writes it now
-            (opening,) = self.user.openings([task], self.np_random) if self.user is not None else (None,)
+            (opening,) = user.openings([task], user_rng) if user is not None and user_rng is not None else (None,)
             try:
                 self._episode = Episode(
                     self.domain,
