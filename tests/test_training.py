@@ -594,6 +594,13 @@ def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_
     assert metrics["completions/mean_terminated_length"] == [12.0]
     assert list(trainer._logs["prompt"]) == ids and list(trainer._logs["advantages"]) == [0.0] * 4
     assert list(trainer._logs["rewards"]["reward"]) == [0.0, 0.0, 1.0, 1.0]
+    # TRL's token count: every trained row's prompt and completion, counted in training only
+    assert metrics["num_tokens"] == [0]
+    trainer.model.train()
+    trainer._generate_and_score_completions([{"prompt": i} for i in ids])
+    rows = [s for s in batch.samples() if s.completion_ids and any(s.mask)]
+    seen = sum(len(s.prompt_ids) + len(s.completion_ids) for s in rows)
+    assert seen > 0 and trainer.state.num_input_tokens_seen == seen and trainer._metrics["train"]["num_tokens"] == [seen]
 
 
 def test_eval_groups_follow_num_generations_eval(tiny_path, tmp_path, monkeypatch):

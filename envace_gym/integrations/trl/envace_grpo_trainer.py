@@ -232,6 +232,10 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
             metrics[f"rows/{role}"].append(float(sum(gather_object([sum(s.role == role for s in samples)]))))
         self._log_completions(batch, samples, rewards, groups, mode)
         metrics["episodes"].append(float(sum(gather_object([len(batch.episodes)]))))
+        tokens = sum(gather_object([sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)]))
+        if mode == "train":  # TRL's count: every row's prompt and completion tokens
+            self.state.num_input_tokens_seen += tokens
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
         skipped = sum(gather_object([batch.stats.get("skipped_tasks", 0)]))  # too long to play: no episode
         metrics["rollouts/skipped_tasks"].append(float(skipped))
         metrics["episode/turns"].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
