@@ -148,6 +148,14 @@ def test_train_config_on_invalid_and_reward():
     assert TrainConfig(lr_scheduler_type="constant").lr_scheduler_type == "constant"
     with pytest.raises(ValueError, match="mode sft plays none"):
         TrainConfig(mode="sft", reward="reference")
+    # what TRL would refuse with a traceback after the output folder is written, refused with the config
+    for bad, says in (({"group_size": 1}, "group_size must be at least 2"), ({"tasks_per_step": 0}, "tasks_per_step"),
+                      ({"save_steps": 0}, "save_steps must be at least 1"),
+                      ({"warmup_steps": 1.5}, "a whole number of steps, got 1.5"),
+                      ({"lr_scheduler_type": "bogus"}, "lr_scheduler_type must be one of")):  # fmt: skip
+        with pytest.raises(ValueError, match=says):
+            TrainConfig(**bad)
+    assert TrainConfig(warmup_steps=0.1).warmup_steps == 0.1 and TrainConfig(warmup_steps=3).warmup_steps == 3
 
 
 def test_experiment_defaults_write_under_the_output_folder_and_print_their_command(tmp_path):
@@ -157,6 +165,26 @@ def test_experiment_defaults_write_under_the_output_folder_and_print_their_comma
     assert command_line(config).startswith("envace experiment --domain lights:easy --model tiny")
     with pytest.raises(ValueError, match="unknown conditions"):
         ExperimentConfig(conditions=["sft", "magic"])
+    # the RL conditions run after the SFT they start from, whatever the order given; None is spelled "default"
+    assert ExperimentConfig(conditions=["sft+envace-separate", "sft", "base"]).conditions == [
+        "base", "sft", "sft+envace-separate"]  # fmt: skip
+    assert "--model default" in command_line(ExperimentConfig(model=None))
+
+
+def test_experiment_refuses_a_run_it_cannot_finish_or_would_mix_before_loading_anything(tmp_path):
+    from envace_gym.errors import EnvACEError
+    from envace_gym.recipes.experiment import run_experiment
+
+    out = tmp_path / "exp"
+    with pytest.raises(EnvACEError, match=r"SFT model, which .* does not hold for seeds \[0, 1\]: add the 'sft'"):
+        run_experiment(ExperimentConfig(output_dir=str(out), seeds=[0, 1], conditions=["sft+envace-separate"]))
+    assert not out.exists()  # refused before anything was written
+    base = dict(output_dir=str(out), seeds=[0], conditions=["base"], eval_tasks=2, sft_tasks=4)
+    run_experiment(ExperimentConfig(**base), log=lambda *a: None)
+    assert json.loads((out / "settings.json").read_text())["eval_tasks"] == 2
+    with pytest.raises(EnvACEError, match=r"other settings \(eval_tasks: 2 then, 3 now\)"):
+        run_experiment(ExperimentConfig(**{**base, "eval_tasks": 3}))
+    run_experiment(ExperimentConfig(**{**base, "seeds": [0, 1], "threads": 1}), log=lambda *a: None)  # not measured
 
 
 def test_token_budget_fits_every_reference_turn_and_result(tmp_path):

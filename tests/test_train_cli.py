@@ -359,3 +359,23 @@ def test_a_run_whose_every_reward_is_masked_ends_with_its_plot_and_summary(tiny_
     pytest.importorskip("matplotlib")
     figure = curves_figure(history, "masked")
     assert "every episode's reward" in " ".join(t.get_text() for ax in figure.axes for t in ax.texts)
+
+
+def test_real_tools_mode_bounds_tool_calling_rounds_as_rehearsal_mode_bounds_act_turns(tiny_path, tmp_path, monkeypatch):
+    """TRL's tool loop has no bound of its own (max_tool_calling_iterations unset): the baseline gets max_turns."""
+    from envace_gym.integrations import trl as envace_trl
+    from envace_gym.recipes.train import TrainConfig, train
+
+    seen = {}
+
+    class Built(Exception):
+        pass
+
+    def capture(**kwargs):
+        seen["args"] = kwargs["args"]
+        raise Built  # the trainer's settings are what this test reads; no training
+
+    monkeypatch.setattr(envace_trl, "PackedGRPOTrainer", capture)
+    with pytest.raises(Built):
+        train(TrainConfig(mode="real-tools", model=tiny_path, domain="units", max_turns=3, output_dir=str(tmp_path)))
+    assert seen["args"].max_tool_calling_iterations == 3

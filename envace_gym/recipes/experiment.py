@@ -16,7 +16,8 @@ answer facts, no tool run, so EnvACE trains with zero real executions) and treat
 executor, greedy and sampled (T 0.6, top-p 0.95, the paper's), which draws the learning curve.
 
 Every stage resumes: a finished stage is skipped, an RL stage cut off continues from its last checkpoint,
-SFT from TRL's. What was measured goes to ``output_dir/experiment.json``; the table to ``results_file`` and a
+SFT from its own. A folder keeps the settings it was run with (``settings.json``): resuming it with settings
+that change results is refused, so a table never mixes runs. What was measured goes to ``output_dir/experiment.json``; the table to ``results_file`` and a
 learning-curve PNG beside it.
 """
 
@@ -34,6 +35,7 @@ from typing import Any
 
 from ..episode.types import ON_INVALID, REWARDS
 from ..episode.users import check_user
+from ..errors import EnvACEError
 
 RL_CONDITIONS: dict[str, dict[str, Any]] = {
     "sft+grpo-real-tools": {"executor": "real"},
@@ -133,6 +135,9 @@ class ExperimentConfig:
         check_user(self.user, self.user_model)
         if self.eval_every < 1 or self.rl_steps < 1 or self.sft_steps < 1:
             raise ValueError("eval_every, rl_steps and sft_steps must be at least 1")
+        if self.model is None:  # spelled out, so that the command that reproduces a run names it
+            self.model = "default"
+        self.conditions = sorted(self.conditions, key=CONDITIONS.index)  # an RL condition starts from the SFT model
 
     @property
     def results_path(self) -> Path:
@@ -162,7 +167,9 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
         check_model_source(config.model)  # mistakes fail here, before the first stage loads anything
     domain = make_domain(config.domain)
     out = Path(config.output_dir)
+    _check_sft_models(config, out)
     out.mkdir(parents=True, exist_ok=True)
+    _check_settings(config, out)
     start = _starting_model(config, domain, out)
     budget = config.max_new_tokens or _token_budget(domain, start, config.sft_tasks)
     log(f"envace experiment: {domain.name}, model {start}, {budget} new tokens per generation")
@@ -203,6 +210,40 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     plot = plot_learning_curves(records, config.results_path.with_name(filename), domain.name)
     log(table)
     return {"records": records, "table": table, "plot": plot}
+
+
+# The settings that do not change what a stage measures: where things go, how many threads, which seeds and
+# conditions run (each stage is one seed and one condition).
+_NOT_MEASURED = ("output_dir", "results_file", "threads", "seeds", "conditions")
+
+
+def _check_settings(config: ExperimentConfig, out: Path) -> None:
+    """Keep the folder's settings in ``settings.json``; refuse to resume it with settings that change results."""
+    now = {k: v for k, v in asdict(config).items() if k not in _NOT_MEASURED}
+    file = out / "settings.json"
+    if file.is_file():
+        before = json.loads(file.read_text())
+        changed = sorted(k for k in now.keys() | before.keys() if before.get(k) != now.get(k))
+        if changed:
+            what = ", ".join(f"{k}: {before.get(k)!r} then, {now.get(k)!r} now" for k in changed)
+            raise EnvACEError(
+                f"{out} holds an experiment run with other settings ({what}); its finished stages would be mixed "
+                "with new ones. Use another --output_dir, or the same settings."
+            )
+    file.write_text(json.dumps(now, indent=2))
+
+
+def _check_sft_models(config: ExperimentConfig, out: Path) -> None:
+    """An RL condition starts from its seed's SFT model: refuse, before anything loads, a run that has neither it
+    nor the 'sft' condition."""
+    if "sft" in config.conditions or not set(config.conditions) & set(RL_CONDITIONS):
+        return
+    missing = [s for s in config.seeds if not (out / f"seed-{s}" / "sft" / "final" / "config.json").is_file()]
+    if missing:
+        raise EnvACEError(
+            f"the RL conditions start from each seed's SFT model, which {out} does not hold for seeds {missing}: "
+            "add the 'sft' condition"
+        )
 
 
 # -- the stages --------------------------------------------------------------------------------------------
@@ -260,8 +301,8 @@ def _rl_stage(
 ) -> dict[str, Any]:
     from ..training.trainer import TrainerConfig, train
 
-    if not (sft / "final" / "config.json").is_file():
-        raise FileNotFoundError(f"{condition} starts from the SFT model of seed {seed}: run the 'sft' condition first")
+    if not (sft / "final" / "config.json").is_file():  # checked at the start; an SFT stage that wrote no model
+        raise EnvACEError(f"{condition} starts from the SFT model of seed {seed}, which {sft} does not hold")
     settings = RL_CONDITIONS[condition]
     trainer = TrainerConfig(
         domain=domain, on_invalid=config.on_invalid, reward=config.reward, tasks_per_step=config.tasks_per_step,

@@ -77,7 +77,12 @@ class TrainConfig:
         },
     )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
-    max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
+    max_turns: int | None = field(
+        default=None,
+        metadata={
+            "help": "Act turns per episode (default: the domain's); real-tools: rounds of tool calls in TRL's tool loop."
+        },
+    )
     on_invalid: str | None = field(
         default=None,
         metadata={
@@ -189,6 +194,16 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
+        for name, least in (("tasks_per_step", 1), ("group_size", 2), ("save_steps", 1), ("max_new_tokens", 1)):
+            if getattr(self, name) < least:  # GRPO compares a group's episodes: at least two
+                raise ValueError(f"{name} must be at least {least}, got {getattr(self, name)}")
+        if self.warmup_steps >= 1 and self.warmup_steps != int(self.warmup_steps):
+            raise ValueError(f"warmup_steps is a share below 1 or a whole number of steps, got {self.warmup_steps}")
+        from transformers import SchedulerType
+
+        schedules = [s.value for s in SchedulerType]
+        if self.lr_scheduler_type not in schedules:
+            raise ValueError(f"lr_scheduler_type must be one of {schedules}, got {self.lr_scheduler_type!r}")
         if self.mode == "sft" and (self.on_invalid is not None or self.reward != "domain" or self.use_vllm):
             raise ValueError(
                 "on_invalid, reward and use_vllm set how rollouts are played, scored and generated: mode sft plays none"
@@ -335,6 +350,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             per_device_train_batch_size=_episodes_per_process(config),
             num_generations=config.group_size,
             max_completion_length=config.max_new_tokens * (turns if config.mode == "real-tools" else 1),
+            # ... and as many rounds of tool calls as an EnvACE episode has Act turns (TRL's default: no bound)
+            **({"max_tool_calling_iterations": turns} if config.mode == "real-tools" else {}),
             temperature=config.temperature,
             beta=config.beta,
             epsilon=config.epsilon,
