@@ -379,3 +379,22 @@ def test_real_tools_mode_bounds_tool_calling_rounds_as_rehearsal_mode_bounds_act
     with pytest.raises(Built):
         train(TrainConfig(mode="real-tools", model=tiny_path, domain="units", max_turns=3, output_dir=str(tmp_path)))
     assert seen["args"].max_tool_calling_iterations == 3
+
+
+def test_resume_point_sets_aside_checkpoints_cut_short_and_never_twice_onto_one_name(tmp_path, monkeypatch):
+    from envace_gym.recipes.train import _resume_point
+
+    def checkpoint(step, complete):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if complete:
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+
+    checkpoint(10, True), checkpoint(20, False)
+    (tmp_path / "incomplete-checkpoint-20").mkdir()  # a crash at step 20 before this one
+    (tmp_path / "incomplete-checkpoint-20" / "x").write_text("kept")
+    monkeypatch.setenv("RANK", "1")  # not the first process: it only skips the cut checkpoint
+    assert _resume_point(tmp_path) == str(tmp_path / "checkpoint-10") and (tmp_path / "checkpoint-20").is_dir()
+    monkeypatch.setenv("RANK", "0")
+    assert _resume_point(tmp_path) == str(tmp_path / "checkpoint-10")
+    assert not (tmp_path / "checkpoint-20").exists() and (tmp_path / "incomplete-checkpoint-20-2").is_dir()
+    assert (tmp_path / "incomplete-checkpoint-20" / "x").read_text() == "kept"

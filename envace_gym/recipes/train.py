@@ -266,12 +266,18 @@ def _load_model(path: str, train_layers: int | None, instance: bool = False) -> 
 
 def _resume_point(out: Path) -> str | None:
     """The newest *complete* checkpoint (the Trainer writes ``trainer_state.json`` last). A newer one cut short
-    by a crash is renamed ``incomplete-checkpoint-N`` so that nothing resumes from it."""
+    by a crash is renamed ``incomplete-checkpoint-N`` (``-2``, ... after another crash at the same step) so that
+    nothing resumes from it; under ``accelerate launch`` the first process renames, the others only skip it."""
     best: tuple[int, Path] | None = None
     for path in sorted(out.glob("checkpoint-*")):
         step = int(path.name.split("-")[-1]) if path.name.split("-")[-1].isdigit() else -1
         if not (path / "trainer_state.json").is_file():
-            path.rename(path.with_name(f"incomplete-{path.name}"))
+            if os.environ.get("RANK", "0") == "0":
+                target, n = path.with_name(f"incomplete-{path.name}"), 1
+                while target.exists():
+                    n += 1
+                    target = path.with_name(f"incomplete-{path.name}-{n}")
+                path.rename(target)
         elif best is None or step > best[0]:
             best = (step, path)
     if best is None:
