@@ -224,3 +224,22 @@ def test_rows_that_could_not_teach_or_score_are_skipped_with_a_reason(tmp_path):
     scalar.write_text("3")
     with pytest.raises(DomainError, match="must hold a list of rows"):
         make_domain(str(scalar))
+
+
+def test_cached_evaluation_rehearses_unmatched_calls_without_the_references():
+    """The success pass answers a call the records do not hold by rehearsal, and that rehearsal enters the agent's
+    conversation: its prompt holds no reference execution (test-time: nothing privileged), as the planner's."""
+    from envace_gym.evaluation import evaluate
+
+    domain = make_domain(str(DATA / "envace.jsonl"))
+    unmatched = '<tool_call>{"name": "get_weather", "arguments": {"city": "Atlantis"}}</tool_call>'
+    seen = []
+
+    def respond(prompt):
+        if "precise tool simulator" in prompt:
+            seen.append(prompt)
+            return '{"temp_c": 20}\n</execution_result>'
+        return "Done." if "temp_c" in prompt else unmatched
+
+    result = evaluate(ScriptedPolicy(respond), domain, "train", num_tasks=1, fidelity=False)
+    assert result.executor == "cached" and seen and not any("Reference executions" in p for p in seen)

@@ -64,6 +64,27 @@ def test_the_memory_reaches_the_committed_prompt():
     assert rehearse_prompts and all("Reference executions" not in p for p in rehearse_prompts)
 
 
+def test_the_assessment_tells_the_real_conversation_from_the_imagined_attempt():
+    policy = ScriptedPolicy(responder)
+    env = gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=policy, executor="real")
+    agent = PrivateRehearsal(env, PlannerConfig(budget=1, horizon=1))
+    agent.reset(options={"task": TASK.id})
+    agent.step(agent.act())  # the real call and its real result: the conversation the second turn's forks copy
+    agent.act()
+    assessed = [p for p in policy.prompts if ASSESS_SYSTEM[:40] in p]
+    first, second = assessed[0], assessed[-1]
+    assert "So far (real):" not in first  # nothing real yet before the first committed turn
+    real, imagined = second.split("So far (real):")[1].split("Imagined attempt:")
+    assert "[tool find_accounts]" in real and "[tool find_accounts]" not in imagined  # the real result, as such
+
+
+def test_planner_settings_are_checked():
+    with pytest.raises(ValueError, match="horizon must be at least 1, got 0"):
+        PlannerConfig(horizon=0)  # it would fall back to the episode's whole turn limit
+    with pytest.raises(ValueError, match="budget must be >= 0"):
+        PlannerConfig(budget=-1)
+
+
 @pytest.mark.parametrize(("word", "plain_turns"), [("keep", 0), ("revise", 1)])
 def test_select_commits_a_kept_rehearsals_first_turn_else_acts_plainly(word, plain_turns):
     """commit="select": a rehearsal the policy kept gives the committed turn as it was imagined (no generation

@@ -557,6 +557,33 @@ def test_evaluate_reports_success_and_fidelity(capsys):
     assert result.parsed == result.schema_ok == result.equal_to_real == 1.0
 
 
+def test_evaluate_keeps_its_success_pass_when_a_tool_raises_in_fidelity_and_leaves_masked_episodes_out(monkeypatch):
+    domain = make_domain("bank")
+
+    class Broken:  # the real tool has a bug: fidelity cannot compare with it, and says so
+        def __init__(self, inner):
+            self.inner = inner
+
+        def execute(self, call):
+            raise RuntimeError("tool bug")
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    real_executor = domain.make_executor
+    monkeypatch.setattr(domain, "make_executor", lambda task: Broken(real_executor(task)))
+    result = evaluate(ScriptedPolicy(lambda p: "Sorry, I cannot do that."), domain, "test", num_tasks=2)
+    assert result.episodes == 2 and result.rehearsals == 0  # nothing to compare with, nothing lost
+
+    scores = iter([None, 1.0])  # the first episode's verifier fails: neither a success nor a failure
+    monkeypatch.setattr(domain, "make_executor", real_executor)
+    monkeypatch.setattr(domain, "score", lambda task, trajectory: next(scores))
+    result = evaluate(ScriptedPolicy(lambda p: "Done."), domain, "test", num_tasks=2, fidelity=False)
+    assert (result.masked_episodes, result.success_rate, result.mean_reward) == (1, 1.0, 1.0)
+    with pytest.raises(ValueError, match="num_tasks must be at least 1"):
+        evaluate(ScriptedPolicy([]), domain, "test", num_tasks=0)
+
+
 @pytest.mark.parametrize("sharding", ["zero3", "fsdp"])
 def test_sharded_parameters_are_refused_before_any_rollout(sharding, tmp_path, monkeypatch):
     """ZeRO-3 cannot run on this CPU machine: the refusal is checked on settings that ask for it (and for

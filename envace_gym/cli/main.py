@@ -159,6 +159,8 @@ def _eval(args: argparse.Namespace) -> int:
         check_user(args.user, args.user_model)
     except ValueError as exc:
         raise EnvACEError(str(exc)) from None
+    if args.num_tasks < 1 or min(args.budget) < 0 or args.horizon < 1:
+        raise EnvACEError("--num-tasks and --horizon must be at least 1, --budget at least 0")
     domain = make_domain(args.domain)  # an unknown domain fails before the model loads
     policy = make_policy(args.model, backend=args.backend)
     runs = []
@@ -193,7 +195,8 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"  success rate       {result.success_rate:.3f}")
         print(f"  mean reward        {result.mean_reward:.3f}")
         if result.masked_episodes:
-            print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them, or a simulated user failed)")
+            print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them, or a "
+                  "simulated user failed: out of the success rate and the reward)")  # fmt: skip
         if result.skipped_tasks:
             print(f"  skipped tasks      {result.skipped_tasks} (their opening prompt does not fit the context)")
         if result.rehearsals:

@@ -53,6 +53,7 @@ class Transcript:
 
     def __post_init__(self) -> None:
         self.initial_prompt_ids = tuple(self.prompt_ids)
+        self.initial_messages = len(self.messages)  # a fork's own messages start here
 
     def append(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
         """Tokens that join the conversation, with the text they show; ``logprobs`` ``None``: zeros."""

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -33,6 +34,8 @@ from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
 from .fidelity import check_rehearsal
 
+logger = logging.getLogger("envace_gym")
+
 
 @dataclass
 class EvalResult:
@@ -43,7 +46,7 @@ class EvalResult:
     mean_reward: float
     executor: str = "real"  # "cached" for a domain without real tools (reference results, else rehearsal)
     user: str = "scripted"  # who answered the agent's final answers: "scripted", "llm", or an endpoint URL
-    masked_episodes: int = 0  # the verifier (or judge) could not score them: out of mean_reward, never successes
+    masked_episodes: int = 0  # the verifier, judge or simulated user failed them: out of success_rate and mean_reward
     skipped_tasks: int = 0  # too long for the policy's context (TaskTooLongError): not played, not in `episodes`
     real_calls: int = 0  # calls that reached the real executor (the committed ones)
     act_tokens: int = 0  # tokens of the committed Act turns
@@ -101,22 +104,28 @@ def evaluate(
     """
     if user == "rehearse":
         raise ValueError("user='rehearse' trains the user's turns and evaluation trains nothing: use user='llm'")
+    if num_tasks < 1:
+        raise ValueError(f"num_tasks must be at least 1, got {num_tasks}")
     dom = make_domain(domain)
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
     sampling, rehearsal = rollout_sampling(max_new_tokens, temperature, top_p)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
     passes = 4 if fidelity and dom.executes_calls else 1
     executor = "real" if not tasks or dom.make_executor(tasks[0]) is not None else "cached"
+    # A call the cache cannot answer is rehearsed, as at test time: nothing privileged (no reference execution) in
+    # its prompt, since the rehearsed result enters the agent's conversation.
     real = collect_rollouts(
         policy, dom, tasks, executor=executor, act_sampling=sampling, seed=seed, actor=actor, user=user,
-        user_model=user_model, progress=_pass_progress(progress, 0, passes, len(tasks), f"episodes ({executor} execution)"),
+        user_model=user_model, rehearsal=replace(rehearsal, include_reference=False),
+        progress=_pass_progress(progress, 0, passes, len(tasks), f"episodes ({executor} execution)"),
     )  # fmt: skip
-    rewards = [e.reward for e in real.episodes if e.reward is not None]
+    scored = [e for e in real.episodes if e.reward is not None]  # a masked episode is neither success nor failure
+    rewards = [e.reward for e in scored]
     result = EvalResult(
         domain=dom.name,
         split=split,
         episodes=len(real.episodes),
-        success_rate=sum(e.success for e in real.episodes) / max(1, len(real.episodes)),
+        success_rate=sum(e.success for e in scored) / len(scored) if scored else float("nan"),
         mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),  # nothing scored: no mean, not 0
         executor=executor,
         user=user if isinstance(user, str) else type(user).__name__,
@@ -171,7 +180,12 @@ def _fidelity(
             if not record["validated"]:
                 continue
             call = ToolCall(record["name"], record["arguments"])
-            known, truth = (True, shadow.execute(call)) if shadow is not None else recorded.lookup(call)
+            try:
+                known, truth = (True, shadow.execute(call)) if shadow is not None else recorded.lookup(call)
+            except Exception as exc:  # the tool's own bug: no truth here, and its state is unknown from here on
+                logger.warning("fidelity: %s's %s raised (%s: %s); its later calls are not compared",
+                               task.id, call.name, type(exc).__name__, exc)  # fmt: skip
+                break
             if record["route"] != "rehearsal" or not known:
                 continue
             check = check_rehearsal(record, truth)

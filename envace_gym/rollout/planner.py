@@ -82,6 +82,8 @@ class PlannerConfig:
             raise ValueError(f"commit must be one of {COMMITS}, got {self.commit!r}")
         if self.budget < 0:
             raise ValueError("budget must be >= 0")
+        if self.horizon < 1:  # 0 would fall back to the episode's own turn limit
+            raise ValueError(f"horizon must be at least 1, got {self.horizon}")
 
 
 class RehearsalPlanner:
@@ -214,13 +216,17 @@ def verdict(assessment: str) -> str | None:
 
 
 def _transcript(fork: Episode) -> str:
+    """The task, the real conversation before the fork, and the imagined attempt, each labelled as what it is."""
     user = next(m["content"] for m in fork.messages if m["role"] == "user")
-    lines = [f"Task: {user}", "Imagined attempt:"]
-    for message in fork.messages[2:]:
-        role = message["role"]
-        label = f"tool {message.get('name', '')}".strip() if role == "tool" else role
-        lines.append(f"[{label}] {shorten(message['content'], 400)}")
-    return "\n".join(lines)
+    start = fork.transcript.initial_messages
+
+    def shown(messages: list[dict[str, Any]]) -> list[str]:
+        labels = [f"tool {m.get('name', '')}".strip() if m["role"] == "tool" else m["role"] for m in messages]
+        return [f"[{label}] {shorten(m['content'], 400)}" for label, m in zip(labels, messages, strict=True)]
+
+    real = shown(fork.messages[2:start])
+    return "\n".join([f"Task: {user}", *(["So far (real):", *real] if real else []), "Imagined attempt:",
+                      *shown(fork.messages[start:])])  # fmt: skip
 
 
 class PrivateRehearsal(gym.Wrapper):
