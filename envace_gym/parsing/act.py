@@ -158,7 +158,7 @@ def parse_act(text: str, limits: Limits = DEFAULT_LIMITS) -> ParsedAct:
         if error is not None:
             return ParsedAct(text, "", tuple(calls), error)
         for obj in value if isinstance(value, list) else [value]:
-            call = call_from_json(obj)
+            call = call_from_json(obj, lambda text: loads_json(text, limits))
             if isinstance(call, ToolError):
                 return ParsedAct(text, "", tuple(calls), call)
             calls.append(call)
@@ -263,7 +263,7 @@ def _rehearsed_error(payload: Any) -> ToolError:
         c.value
         for c in (ErrorCode.INVALID_TOOL_CALL_FORMAT, ErrorCode.TOOL_NOT_AVAILABLE, ErrorCode.INVALID_PARAMETERS)
     }
-    code = ErrorCode(named) if named in known else ErrorCode.REHEARSED_ERROR
+    code = ErrorCode(named) if isinstance(named, str) and named in known else ErrorCode.REHEARSED_ERROR
     message = details.get("message") if isinstance(details.get("message"), str) else "the simulator rejected the call"
     return ToolError(code, message, {"rehearsed": json.loads(json.dumps(details, default=str))}, source="rehearsal")
 

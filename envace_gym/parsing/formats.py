@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ErrorCode, PolicyError, ToolError
+from ..text import clean_text
 from ..tools.schema import ToolCall, call_from_json
 from .act import DEFAULT_LIMITS, Limits, ParsedAct, loads_json, parse_act
 
@@ -111,7 +112,7 @@ class _Calls:
             self.error = error
             return False
         for obj in value if isinstance(value, list) else [value]:
-            if not self.add(call_from_json(obj)):
+            if not self.add(call_from_json(obj, lambda text: loads_json(text, self.limits))):
                 return False
         if isinstance(value, list) and not value:
             self.error = ToolError(ErrorCode.INVALID_TOOL_CALL_FORMAT, "empty list of tool calls")
@@ -450,15 +451,17 @@ def response_parser_format(tokenizer: Any, prefix: str = "", ends: tuple[str, ..
             return _bad(text, [], "the tokenizer's response parser returned no message")
         calls = _Calls(text, limits)
         for raw in message.get("tool_calls") or []:
-            call = call_from_json(raw)
-            if isinstance(call, ToolCall):  # the same strict JSON as every format: no NaN, bounded depth
-                _, error = loads_json(_json_text(call.arguments), limits)
+            call = call_from_json(raw, lambda text: loads_json(text, limits))
+            if isinstance(call, ToolCall):  # the same strict JSON as every format: no NaN, bounded depth, and text
+                arguments, error = loads_json(_json_text(call.arguments), limits)  # UTF-8 can encode (U+FFFD)
                 if error is not None:
                     call = ToolError(ErrorCode.INVALID_TOOL_CALL_FORMAT, f"arguments of {call.name!r}: {error.message}")
+                else:
+                    call = ToolCall(clean_text(call.name), arguments, call.id)
             if not calls.add(call):
                 break
         content = message.get("content")
-        return calls.result(content if isinstance(content, str) else "")
+        return calls.result(clean_text(content) if isinstance(content, str) else "")
 
     return ToolCallFormat("response_parser", read, ALL_SPECIAL_TOKENS)
 

@@ -485,11 +485,15 @@ class ValidationResult:
         return "ok" if self.error is None else self.error.message
 
 
-def call_from_json(obj: Any) -> ToolCall | ToolError:
+def call_from_json(
+    obj: Any, loads: Callable[[str], tuple[Any, ToolError | None]] | None = None
+) -> ToolCall | ToolError:
     """Read one call object (``{"name", "arguments"}``; ``"parameters"`` is an alias) or explain why not.
 
     Also accepts the OpenAI nesting ``{"type": "function", "function": {...}}`` and arguments written
-    as a JSON string, which models often produce. Never raises on model data.
+    as a JSON string, which models often produce, read with ``loads`` (``(value, None)`` or ``(None, error)``: the
+    parser's bounded reader, so a string's nesting counts against the same limits) or, without it, strict JSON.
+    Never raises on model data.
     """
     if not isinstance(obj, Mapping):
         return ToolError(
@@ -514,7 +518,11 @@ def call_from_json(obj: Any) -> ToolCall | ToolError:
             {"tool": name},
         )
     args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
+    if isinstance(args, str) and loads is not None and args.strip():
+        args, error = loads(args)
+        if error is not None:
+            return ToolError(error.code, f"arguments of {name!r}: {error.message}", {"tool": name, **error.details})
+    elif isinstance(args, str):
         try:
             args = strict_loads(args) if args.strip() else {}
         except (ValueError, RecursionError):
