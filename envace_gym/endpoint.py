@@ -2,8 +2,9 @@
 judge (:mod:`envace_gym.domains.judge`) and a simulated user (:mod:`envace_gym.episode.users`).
 
 :class:`ChatEndpoint` posts to ``/chat/completions`` (SGLang, vLLM, TGI, ``transformers serve`` or a hosted API),
-several requests at a time, each bounded by a timeout. A failed request (transport, timeout, a malformed reply,
-a reply cut at ``max_tokens``) is ``None``, never an exception: the caller decides what an unanswered prompt means (a masked episode).
+several requests at a time, each bounded by a timeout. A failed request (transport, timeout, a malformed reply, a
+reply cut at ``max_tokens``) is ``None``, never an exception: the caller decides what an unanswered prompt means (a
+masked episode).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ class ChatBackend(Protocol):
 class ChatEndpoint:
     """An OpenAI-compatible chat endpoint: ``base_url`` up to ``/v1`` (e.g. ``http://localhost:30000/v1``),
     ``model`` its model name, ``api_key`` its bearer token if it needs one (default: the ``ENVACE_API_KEY``
-    environment variable, if set). Requests run ``max_concurrency`` at a
-    time; each waits at most ``timeout`` seconds."""
+    environment variable, if set). Requests run ``max_concurrency`` at a time; each waits at most ``timeout``
+    seconds."""
 
     def __init__(
         self,

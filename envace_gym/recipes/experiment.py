@@ -17,8 +17,8 @@ executor, greedy and sampled (T 0.6, top-p 0.95, the paper's), which draws the l
 
 Every stage resumes: a finished stage is skipped, an RL stage cut off continues from its last checkpoint,
 SFT from its own. A folder keeps the settings it was run with (``settings.json``): resuming it with settings
-that change results is refused, so a table never mixes runs. What was measured goes to ``output_dir/experiment.json``; the table to ``results_file`` and a
-learning-curve PNG beside it.
+that change results is refused, so a table never mixes runs. What was measured goes to
+``output_dir/experiment.json``; the table to ``results_file`` and a learning-curve PNG beside it.
 """
 
 from __future__ import annotations

@@ -107,9 +107,9 @@ class Tau2Domain(Domain):
     τ²'s evaluators, combined as τ² combines them: the product over the task's ``reward_basis`` (DB × COMMUNICATE for
     every retail and airline task). DB: replaying the agent's valid calls on a fresh database must give the same hash
     as replaying the gold actions (τ²'s database hash). COMMUNICATE and ACTION are τ²'s own ``CommunicateEvaluator``
-    (each ``communicate_info`` string in one of the agent's messages: its answers and its call turns' prose) and ``ActionEvaluator`` (each gold
-    action among the agent's calls), run on the episode's messages. A basis this domain cannot check (natural-language
-    or environment assertions, which no retail or airline task uses) masks the episode. Unlike τ², an episode cut by
+    (each ``communicate_info`` string in one of the agent's messages: its answers and its call turns' prose) and
+    ``ActionEvaluator`` (each gold action among the agent's calls), run on the episode's messages. A basis this domain
+    cannot check (natural-language or environment assertions, which no retail or airline task uses) masks the episode. Unlike τ², an episode cut by
     the turn bound is scored too (τ² gives it 0).
 
     ## Episode End
