@@ -521,7 +521,8 @@ def call_from_json(
     if isinstance(args, str) and loads is not None and args.strip():
         args, error = loads(args)
         if error is not None:
-            return ToolError(error.code, f"arguments of {name!r}: {error.message}", {"tool": name, **error.details})
+            what = "are a string that is not JSON" if error.code is ErrorCode.INVALID_TOOL_CALL_FORMAT else "exceed a limit"
+            return ToolError(error.code, f"arguments of {name!r} {what}: {error.message}", {"tool": name, **error.details})
     elif isinstance(args, str):
         try:
             args = strict_loads(args) if args.strip() else {}
