@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -315,15 +318,32 @@ def test_custom_trainer_packed_and_plain_steps_agree():
 
 
 # -- the compute dtype -----------------------------------------------------------------------------------
-def test_auto_dtype_follows_the_measured_bf16_speed(monkeypatch):
+def test_auto_dtype_follows_native_bf16(monkeypatch):
     assert precision.resolve_dtype("float32") is torch.float32
     assert precision.resolve_dtype("bfloat16") is torch.bfloat16
-    monkeypatch.setattr(precision, "bf16_speedup", lambda device_type="cpu": 0.05)
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type="cpu": False)
     assert precision.resolve_dtype("auto") is torch.float32
-    monkeypatch.setattr(precision, "bf16_speedup", lambda device_type="cpu": 2.8)
-    assert precision.resolve_dtype("auto") is torch.bfloat16
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type="cpu": True)
+    assert precision.resolve_dtype("auto") is torch.bfloat16 and precision.resolve_dtype(None) is torch.bfloat16
+    assert precision.dtype_name(torch.bfloat16) == "bfloat16"
     with pytest.raises(ValueError, match="dtype must be one of"):
         precision.resolve_dtype("fp8")
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="reads the CPU's flags from /proc/cpuinfo")
+def test_native_bf16_is_the_cpus_bf16_flag():
+    flags = set().union(*(line.split(":")[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")))
+    assert precision.native_bf16("cpu") == bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+@pytest.mark.slow
+def test_auto_dtype_is_the_same_in_every_fresh_process():
+    code = "from envace_gym.policy.precision import resolve_dtype; print(resolve_dtype('auto'))"
+    seen = [
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+        for _ in range(10)
+    ]
+    assert len(set(seen)) == 1 and seen[0] in ("torch.float32", "torch.bfloat16"), seen
 
 
 BF16_TOLERANCE = 0.1  # nats: bfloat16's 8-bit mantissa, incremental decoding vs one forward (stated in docs)

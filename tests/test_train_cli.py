@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from envace_gym.cli import main
+from envace_gym.policy.precision import dtype_name, resolve_dtype
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SMALL = ["--domain", "units", "--steps", "1", "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "8"]
@@ -40,6 +41,11 @@ def test_train_modes_write_model_metrics_and_curves(carded_tiny, tmp_path, mode)
     assert summary["plot"] is None or Path(summary["plot"]).is_file()
     card = (out / "final" / "README.md").read_text()  # names the model the run started from, not "[None]"
     assert "fine-tuned version of [org/base-model]" in card and "[None]" not in card
+    # `--dtype auto` (the default) resolved by capability, and named in every record of the run
+    resolved = dtype_name(resolve_dtype("auto"))
+    assert json.loads((out / "train_config.json").read_text())["resolved_dtype"] == resolved
+    assert summary["dtype"] == resolved and summary["engine_dtype"] is None  # no vLLM engine here
+    assert f"Trained in {resolved} (forward and backward" in card
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     if mode != "sft":  # both GRPO modes log task success (the curves' success panel)
         assert any("success" in entry for entry in history)

@@ -341,6 +341,10 @@ def _dtype_measures(run, spec, tokens, log) -> list[Measure]:
     log(f"[e] dtype: a {tokens}-token pack, bfloat16 vs float32 ...")
     common = {**spec, "kind": "grpo", "workload": "separate", "packed": True, "limit": tokens}
     b16, f32 = run({**common, "dtype": "bfloat16"}), run({**common, "dtype": "float32"})
+    from ..policy.precision import dtype_name, native_bf16, resolve_dtype
+
+    auto = dtype_name(resolve_dtype("auto"))
+    native = "native bfloat16" if native_bf16("cpu") else "no native bfloat16"
     return [
         Measure(
             f"bfloat16 (autocast) vs float32, forward + backward of a {tokens}-token pack",
@@ -349,7 +353,7 @@ def _dtype_measures(run, spec, tokens, log) -> list[Measure]:
             _ratio(b16, f32),
             "> 1 to use it",
             b16["peak"],
-            "`--dtype auto` picks bfloat16 only where it is faster",
+            f"this CPU has {native}: `--dtype auto` picks {auto}",
         )  # fmt: skip
     ]
 

@@ -36,6 +36,7 @@ from typing import Any
 from ..episode.types import ON_INVALID, REWARDS
 from ..episode.users import check_user
 from ..errors import EnvACEError
+from ..policy.precision import DTYPES, dtype_name, resolve_dtype
 
 RL_CONDITIONS: dict[str, dict[str, Any]] = {
     "sft+grpo-real-tools": {"executor": "real"},
@@ -123,6 +124,14 @@ class ExperimentConfig:
         default=None, metadata={"help": "Where the table is written; default: output_dir/results.md."}
     )
     threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's)."})
+    dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "Compute dtype of SFT and RL (float32 master weights either way): float32, bfloat16, or auto "
+            "(bfloat16 where the hardware has it natively). The resolved one is in experiment.json.",
+            "choices": DTYPES,
+        },
+    )
 
     def __post_init__(self) -> None:
         unknown = set(self.conditions) - set(CONDITIONS)
@@ -133,6 +142,8 @@ class ExperimentConfig:
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
         check_user(self.user, self.user_model)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.eval_every < 1 or self.rl_steps < 1 or self.sft_steps < 1:
             raise ValueError("eval_every, rl_steps and sft_steps must be at least 1")
         if self.model is None:  # spelled out, so that the command that reproduces a run names it
@@ -199,6 +210,7 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
         "command": command_line(config),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, Python {sys.version.split()[0]}",
         "config": asdict(config),
+        "dtype": dtype_name(resolve_dtype(config.dtype)),
         "max_new_tokens": budget,
         "records": [r for by_seed in records.values() for r in by_seed.values()],
     }
@@ -287,7 +299,7 @@ def _sft_stage(config: ExperimentConfig, domain: Any, start: str, stage: Path, s
     history = sft_steps(
         start, domain, stage / "final", tasks=config.sft_tasks, steps=config.sft_steps,
         batch_size=config.sft_batch_size, learning_rate=config.sft_learning_rate, seed=seed,
-        train_layers=config.train_layers, checkpoint=stage / "checkpoint.pt", log=progress,
+        train_layers=config.train_layers, checkpoint=stage / "checkpoint.pt", log=progress, dtype=config.dtype,
     )  # fmt: skip
     tasks = domain.tasks("train")[: min(config.sft_tasks, len(domain.tasks("train")))]
     replayed = sum(len(turn.calls) for task in tasks for turn in task.reference)  # sft_rows lays rows out by replay
@@ -307,7 +319,7 @@ def _rl_stage(
     trainer = TrainerConfig(
         domain=domain, on_invalid=config.on_invalid, reward=config.reward, tasks_per_step=config.tasks_per_step,
         group_size=config.group_size, max_new_tokens=budget, temperature=config.temperature, steps=config.rl_steps,
-        learning_rate=config.rl_learning_rate, seed=seed, dtype="float32", user=config.user,
+        learning_rate=config.rl_learning_rate, seed=seed, dtype=config.dtype, user=config.user,
         user_model=config.user_model, **settings,
     )  # fmt: skip
     policy = _load(str(sft / "final"), config.train_layers)

@@ -20,12 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..domains.registry import make_domain
 from ..episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
 from ..episode.users import check_user
-from ..policy.precision import DTYPES, resolve_dtype
+from ..policy.precision import DTYPES, dtype_name, resolve_dtype
 from ..training.memory import return_freed_memory
 from ..training.options import checkpointing, lora_config, train_top_layers, use_cpu
 from ..training.packing import DEFAULT_PACK_TOKENS
@@ -161,7 +159,8 @@ class TrainConfig:
     dtype: str = field(
         default="auto",
         metadata={
-            "help": "Compute dtype: auto (bfloat16 where the hardware runs it faster), float32, bfloat16.",
+            "help": "Compute dtype: auto (bfloat16 where the hardware has native bfloat16: a GPU that supports it, a "
+            "CPU with avx512_bf16 or AMX; float32 elsewhere), float32, bfloat16. The resolved one is recorded.",
             "choices": DTYPES,
         },
     )
@@ -311,7 +310,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     started = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train_config.json").write_text(json.dumps(asdict(config), indent=2))
+    # "auto" resolved once, by capability, and recorded beside the setting: every process of the run agrees
+    compute_dtype = dtype_name(resolve_dtype(config.dtype, "cpu" if use_cpu() else "cuda"))
+    (out / "train_config.json").write_text(json.dumps({**asdict(config), "resolved_dtype": compute_dtype}, indent=2))
     path, tokenizer = _model_source(config)
     common = dict(
         output_dir=str(out),
@@ -334,7 +335,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             learning_rate=config.learning_rate, batch_size=config.sft_batch_size, lora=config.lora, lora_r=config.lora_r,
             report_to=config.report_to, seed=config.seed, max_steps=config.steps or -1,
             logging_steps=config.logging_steps, save_steps=config.save_steps,
-            resume=(_resume_point(out) or False) if config.resume else False, dtype=config.dtype,
+            resume=(_resume_point(out) or False) if config.resume else False, dtype=compute_dtype,
             gradient_checkpointing=config.gradient_checkpointing, shared_prefix=config.shared_prefix,
             pack_tokens=config.pack_tokens, lr_scheduler_type=config.lr_scheduler_type,
             warmup_steps=common["warmup_steps"],
@@ -366,7 +367,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             use_bias_correction_kl=False,  # the paper's k3 KL estimate (matters only with beta > 0)
             loss_type="dapo",
             max_steps=config.grpo_steps,
-            bf16=resolve_dtype(config.dtype, "cpu" if use_cpu() else "cuda") == torch.bfloat16,
+            bf16=compute_dtype == "bfloat16",
             **checkpointing(config.gradient_checkpointing),
             shared_prefix=config.shared_prefix,
             pack_tokens=config.pack_tokens,
@@ -394,6 +395,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 **RealToolsBaseline(domain, config.reward).trainer_kwargs(),
             )
         trainer.train(resume_from_checkpoint=_resume_point(out) if config.resume else None)
+    from ..integrations.trl.colocated_vllm import engine_dtype, shutdown_engine
+
     final = out / "final"
     model = trainer.accelerator.unwrap_model(trainer.model)
     if config.lora and hasattr(model, "merge_and_unload"):
@@ -418,11 +421,14 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "seconds": time.perf_counter() - started,
         # episodes whose verifier could not judge them (reward masked) in this run, over all processes
         "masked_episodes": _masked_episodes(trainer, config.mode),
+        "dtype": compute_dtype,
+        "engine_dtype": engine_dtype(trainer),
         "last": history[-1] if history else {},
     }
     if trainer.accelerator.is_main_process:
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     trainer.accelerator.wait_for_everyone()  # no process returns while the main one is still writing
+    shutdown_engine(trainer)  # a vLLM engine, while its process group exists (else a traceback at exit)
     return summary
 
 

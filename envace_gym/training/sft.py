@@ -34,7 +34,7 @@ from ..episode.episode import Episode
 from ..episode.types import EpisodeConfig
 from ..errors import TaskTooLongError
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
-from ..policy.precision import resolve_dtype
+from ..policy.precision import autocast, resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
 from .model_card import BaseModelCardMixin
 from .options import checkpointing, lora_config, train_top_layers, use_cpu
@@ -281,7 +281,7 @@ def run_sft(
     (``trainer.model`` is the fine-tuned model; with ``lora`` the adapters are merged before saving).
 
     ``epochs`` rule unless ``max_steps`` is positive; ``dtype`` ``"auto"`` computes in bfloat16 where the
-    hardware runs it faster (float32 master weights either way, see :mod:`envace_gym.policy.precision`)."""
+    hardware has native bfloat16 (float32 master weights either way, see :mod:`envace_gym.policy.precision`)."""
     from trl import SFTConfig
 
     cpu = use_cpu()
@@ -341,12 +341,14 @@ def sft_steps(
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 50,
     log: Any = None,
+    dtype: str | torch.dtype = "float32",
 ) -> list[dict[str, float]]:
     """SFT in plain torch, the loop :mod:`envace_gym.training.trainer` uses for RL: ``steps`` AdamW steps at a
     constant rate, each on ``batch_size`` rows drawn (seeded) from the :func:`sft_rows` of the first ``tasks``
     training tasks (of each domain, given several: their demonstrations pooled), loss = mean negative
     log-likelihood of the completion tokens (shared-prefix forward). The model goes to ``output_dir``. With ``checkpoint`` (a file) the state is saved every ``checkpoint_every``
-    steps and a cut-off run resumes from it. Returns one ``{"step", "loss"}`` per step."""
+    steps and a cut-off run resumes from it. ``dtype`` ``"bfloat16"`` (or ``"auto"`` where the hardware has native
+    bfloat16) runs the forward and backward under autocast. Returns one ``{"step", "loss"}`` per step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .packing import completion_logprobs
@@ -359,15 +361,18 @@ def sft_steps(
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
     rng = np.random.default_rng(seed)
     history: list[dict[str, float]] = load_state(checkpoint, model, optimizer, rng)
+    device = next(model.parameters()).device
+    compute = resolve_dtype(dtype, device)
     model.train()
     for step in range(len(history), steps):
         batch = [rows[int(i)] for i in rng.choice(len(rows), size=min(batch_size, len(rows)), replace=False)]
         split = [r["completion_mask"].index(1) for r in batch]
-        logprobs = completion_logprobs(
-            model, [r["input_ids"][:k] for r, k in zip(batch, split, strict=True)],
-            [r["input_ids"][k:] for r, k in zip(batch, split, strict=True)],
-        )  # fmt: skip
-        loss = -torch.cat(logprobs).mean()
+        with autocast(compute, device):
+            logprobs = completion_logprobs(
+                model, [r["input_ids"][:k] for r, k in zip(batch, split, strict=True)],
+                [r["input_ids"][k:] for r, k in zip(batch, split, strict=True)],
+            )  # fmt: skip
+            loss = -torch.cat(logprobs).float().mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

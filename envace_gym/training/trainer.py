@@ -134,7 +134,8 @@ class TrainerConfig:
         },
     )
     dtype: str = field(
-        default="auto", metadata={"help": "Compute dtype: auto (bfloat16 where faster), float32 or bfloat16."}
+        default="auto",
+        metadata={"help": "Compute dtype: auto (bfloat16 where the hardware has it natively), float32 or bfloat16."},
     )
 
     def __post_init__(self) -> None:

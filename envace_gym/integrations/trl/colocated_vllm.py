@@ -5,8 +5,10 @@ server mode for world-rehearsal rollouts."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
+import socket
 from typing import Any
 
 import torch
@@ -68,6 +70,57 @@ def _cpu_kv_cache(args: Any):
         del os.environ["VLLM_CPU_KVCACHE_SPACE"]
 
 
+def trainer_dtype(args: Any) -> torch.dtype:
+    """The dtype a TRL trainer computes its forward passes in (float32 master weights either way)."""
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+
+
+@contextlib.contextmanager
+def _engine_in_trainer_dtype(args: Any):
+    """TRL builds the colocated engine with vLLM's ``dtype="auto"``, which serves a float32 checkpoint in
+    bfloat16 whatever the trainer computes in: the engine's log-probs then differ from the trainer's (a mean
+    0.037 nats on the default model, importance ratios down to 0), and the first step is already off-policy.
+    TRL has no setting for it, so while the engine starts, TRL's ``LLM`` is handed the trainer's dtype."""
+    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate"):
+        yield
+        return
+    from trl.generation import vllm_generation
+
+    llm = vllm_generation.LLM
+    vllm_generation.LLM = functools.partial(llm, dtype=trainer_dtype(args))
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = llm
+
+
+@contextlib.contextmanager
+def _own_master_port(args: Any):
+    """A colocated engine opens a process group on ``MASTER_PORT``. Unset, TRL takes the first of a few fixed
+    ports that is free when it looks (29500 first), so two runs started together both take 29500 and the
+    second dies (EADDRINUSE). Unless the user set one, each run gets a port the kernel picks."""
+    if getattr(args, "use_vllm", False) and os.environ.get("MASTER_PORT", "").strip().lower() in ("", "0", "auto"):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    yield
+
+
+def shutdown_engine(trainer: Any) -> None:
+    """Shut the trainer's colocated engine down now, while the process group it uses still exists. Left to
+    vLLM's finalizer at interpreter exit, it runs after that group is gone and prints a traceback."""
+    llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        core.shutdown()
+
+
+def engine_dtype(trainer: Any) -> str | None:
+    """The dtype the trainer's colocated vLLM engine runs in (``"float32"``), or ``None`` without one."""
+    llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    return None if llm is None else str(llm.model_config.dtype).removeprefix("torch.")
+
+
 def _sync_vllm_on_cpu(trainer: Any) -> None:
     """TRL's colocated weight sync calls vLLM's per-parameter ``load_weights``, which vLLM's CPU backend cannot
     take (it drops each linear layer's weight once repacked); there, sync through vLLM's in-place reload
@@ -99,13 +152,14 @@ def importance_sampling_ratio(
 
 
 class ColocatedVLLMMixin:
-    """For a ``GRPOTrainer`` subclass: ``use_vllm=True, vllm_mode="colocate"`` on vLLM's CPU backend too, where
-    TRL's engine would get no memory for its KV cache and TRL's weight sync fails (see :func:`_cpu_kv_cache`
-    and :func:`_sync_vllm_on_cpu`). Elsewhere TRL's own engine and sync, unchanged."""
+    """For a ``GRPOTrainer`` subclass: ``use_vllm=True, vllm_mode="colocate"`` with the engine in the trainer's
+    dtype (:func:`_engine_in_trainer_dtype`) on a port of its own (:func:`_own_master_port`), and on vLLM's CPU backend too, where TRL's engine would get no
+    memory for its KV cache and TRL's weight sync fails (see :func:`_cpu_kv_cache` and
+    :func:`_sync_vllm_on_cpu`). Elsewhere TRL's own engine and sync, unchanged."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         config = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments.get("args")
-        with _cpu_kv_cache(config):
+        with _cpu_kv_cache(config), _engine_in_trainer_dtype(config), _own_master_port(config):
             super().__init__(*args, **kwargs)
         _sync_vllm_on_cpu(self)
 

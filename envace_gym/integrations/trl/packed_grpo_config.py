@@ -14,7 +14,7 @@ from ...training.packing import DEFAULT_PACK_TOKENS
 @dataclass
 class PackedGRPOConfig(GRPOConfig):
     """``GRPOConfig`` with the shared-prefix forward's two settings (read by :class:`SharedPrefixMixin`), and two
-    defaults of its own: ``bf16`` unset means bfloat16 only where the hardware runs it faster
+    defaults of its own: ``bf16`` unset means bfloat16 only where the hardware has it natively
     (:func:`envace_gym.policy.precision.resolve_dtype`; TRL's default is ``True``, which on a CPU without native
     bfloat16 runs ~14x slower: docs/performance.md), and gradient checkpointing is off (TRL's default is on; the
     packs bound memory, ``activation_checkpointing=True`` lowers it further at some cost in time)."""
