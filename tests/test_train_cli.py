@@ -141,6 +141,7 @@ def test_eval_and_experiment_commands(tiny_path, tmp_path, capsys):
     summary = json.loads((tmp_path / "exp" / "experiment.json").read_text())
     records = {(r["condition"], r["seed"]): r for r in summary["records"]}
     assert len(records) == 3 and summary["command"].startswith("envace experiment")
+    assert summary["dtype"] == "float32" and "--dtype float32" in summary["command"]  # the default, resolved
     envace = records[("sft+envace-separate", 1)]
     assert envace["real_tool_executions"] == 0 and [p["step"] for p in envace["curve"]] == [0, 1, 2]
     assert records[("sft", 1)]["train_seconds"] > 0 and (tmp_path / "curve-lights.png").is_file()

@@ -235,21 +235,13 @@ def _write_eval_json(path: str, runs: list[tuple[str, Any]]) -> None:
 
 def _train(argv: Sequence[str]) -> int:
     from ..recipes.train import TrainConfig, train
+    from ..training.distributed import end_distributed
 
     summary = train(_parse_settings(TrainConfig, "envace train", argv))
     print(f"final model: {summary['final_model']}\nmetrics: {summary['metrics']}\ncurves: {summary['plot']}")
-    _end_distributed()
+    # under `accelerate launch`: no process exits while gloo's threads still run (that aborts it at exit)
+    end_distributed()
     return 0
-
-
-def _end_distributed() -> None:
-    """Under ``accelerate launch``: let every process arrive, then close the process group, so no process
-    exits while gloo's threads still run (which aborts it at interpreter exit)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def _experiment(argv: Sequence[str]) -> int:
