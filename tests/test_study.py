@@ -313,6 +313,25 @@ def test_experiment_runs_the_inline_and_frozen_simulator_conditions(tmp_path):
     assert records["sft"][0]["real_tool_executions"] > 0  # SFT's rows are laid out by replaying the references
 
 
+@pytest.mark.slow
+def test_experiment_runs_its_stages_in_worker_processes_each_after_what_it_starts_from(tmp_path):
+    from envace_gym.recipes.experiment import run_experiment
+
+    config = ExperimentConfig(
+        domain="lights:easy", output_dir=str(tmp_path), seeds=[0, 1], sft_tasks=4, sft_steps=2, rl_steps=1,
+        tasks_per_step=1, group_size=2, eval_tasks=1, eval_every=1, max_new_tokens=12, workers=2,
+        conditions=["sft", "sft+envace-separate"],
+    )  # fmt: skip
+    records = run_experiment(config, log=lambda _: None)["records"]
+    for seed in (0, 1):
+        sft, rl = records["sft"][seed], records["sft+envace-separate"][seed]
+        assert rl["started"] >= sft["ended"]  # the RL stage starts from its seed's SFT model
+        assert rl["curve"][0]["success"] == sft["success"] and [p["step"] for p in rl["curve"]] == [0, 1]
+        stored = json.loads((tmp_path / f"seed-{seed}" / "sft+envace-separate" / "record.json").read_text())
+        assert json.dumps(stored, sort_keys=True) == json.dumps(rl, sort_keys=True)  # (NaN != NaN in a dict)
+    assert len(json.loads((tmp_path / "experiment.json").read_text())["records"]) == 4
+
+
 def test_train_top_layers_leaves_the_top_layers_and_the_final_norm_trainable():
     from envace_gym.training.options import train_top_layers
 

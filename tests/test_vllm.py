@@ -149,6 +149,58 @@ def test_envace_demo_runs_on_the_vllm_backend(tiny_vllm_folder, capsys):
     assert "episode" in capsys.readouterr().out.lower()
 
 
+def test_the_readable_trainer_rolls_out_on_an_engine_that_holds_the_trained_weights(tiny_vllm_folder):
+    """``train(..., engine=VLLMPolicy)``: the engine plays every rollout and is given the trainer's weights before
+    the first rollout and after each optimizer step, so it scores a completion as the trained model does. The
+    model starts away from the checkpoint the engine loaded (as a resumed run does), so an engine that was not
+    given the model's weights would score as the checkpoint does."""
+    from envace_gym.policy.transformers import TransformersPolicy
+    from envace_gym.policy.vllm import VLLMPolicy
+    from envace_gym.training.trainer import TrainerConfig, train
+
+    start = AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32)
+    engine = VLLMPolicy(tiny_vllm_folder, dtype="float32")
+    policy = TransformersPolicy(AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32), engine.tokenizer)
+    with torch.no_grad():
+        noise = torch.Generator().manual_seed(1)
+        for parameter in policy.model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=noise) * 0.05)
+    calls = []
+    load = engine.load_weights
+    engine.load_weights = lambda weights: (calls.append(1), load(weights))[-1]
+    config = TrainerConfig(domain="units", steps=2, tasks_per_step=1, group_size=2, max_new_tokens=8,
+                           learning_rate=0.05, on_invalid="feedback", dtype="float32", seed=0)  # fmt: skip
+    history = train(policy, config, engine=engine)
+    assert len(history) == 2 and len(calls) == 3  # the starting weights, then after each of the two steps
+    prompt = _prompt(engine)
+    (gen,) = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=1.0, seed=4))
+    trained, _ = _fresh_logprobs(policy.model, prompt, gen.completion_ids)
+    stale, _ = _fresh_logprobs(start, prompt, gen.completion_ids)
+    assert torch.allclose(torch.tensor(gen.logprobs), trained, atol=LOGPROB_TOLERANCE)
+    assert (torch.tensor(gen.logprobs) - stale).abs().max() > 10 * LOGPROB_TOLERANCE  # not the checkpoint's
+
+
+def test_envace_experiment_runs_on_the_vllm_backend(tiny_vllm_folder, tmp_path):
+    """``envace experiment --backend vllm``: SFT, then EnvACE and its frozen-simulator ablation (a second engine
+    that keeps the SFT weights), every rollout and evaluation on vLLM; the backend and dtype are recorded."""
+    import json
+
+    from envace_gym.cli import main
+
+    argv = ["experiment", "--domain", "units", "--model", str(tiny_vllm_folder), "--backend", "vllm",
+            "--output_dir", str(tmp_path / "exp"), "--seeds", "0", "--conditions", "sft", "sft+envace-separate",
+            "sft+envace-frozen-sim", "--sft_tasks", "2", "--sft_steps", "2", "--sft_learning_rate", "1e-3",
+            "--rl_steps", "2", "--eval_every", "1", "--tasks_per_step", "1", "--group_size", "2",
+            "--max_new_tokens", "8", "--eval_tasks", "2"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "exp" / "experiment.json").read_text())
+    assert summary["backend"] == "vllm" and summary["dtype"] == "float32" and "--backend vllm" in summary["command"]
+    records = {r["condition"]: r for r in summary["records"]}
+    for condition in ("sft+envace-separate", "sft+envace-frozen-sim"):
+        assert [p["step"] for p in records[condition]["curve"]] == [0, 1, 2]
+        assert records[condition]["real_tool_executions"] == 0 and records[condition]["eval_episodes"] == 2
+
+
 def _fresh_logprobs(model, prompt, completion):
     with torch.no_grad():
         logits = model(torch.tensor([list(prompt) + list(completion)])).logits[0, len(prompt) - 1 : -1].float()

@@ -45,6 +45,7 @@ RL_CONDITIONS: dict[str, dict[str, Any]] = {
     "sft+envace-frozen-sim": {"executor": "rehearsal", "rehearsal_mode": "separate", "frozen_simulator": True},
 }
 CONDITIONS = ("base", "sft", *RL_CONDITIONS)
+BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
@@ -123,7 +124,24 @@ class ExperimentConfig:
     results_file: str | None = field(
         default=None, metadata={"help": "Where the table is written; default: output_dir/results.md."}
     )
-    threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's)."})
+    threads: int | None = field(
+        default=None, metadata={"help": "torch threads (default: torch's; 1 per worker with workers > 1)."}
+    )
+    workers: int = field(
+        default=1,
+        metadata={
+            "help": "Stages run side by side in this many worker processes (an RL stage starts once its seed's SFT "
+            "stage has ended), each with --threads torch threads. Each stage needs its own memory."
+        },
+    )
+    backend: str = field(
+        default="transformers",
+        metadata={
+            "help": "What generates rollouts and evaluations, in every condition: transformers, or vllm (an engine in "
+            "this process, loaded with the trainer's weights after every optimizer step; needs envace-gym[vllm]).",
+            "choices": BACKENDS,
+        },
+    )
     dtype: str = field(
         default="float32",
         metadata={
@@ -142,10 +160,12 @@ class ExperimentConfig:
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
         check_user(self.user, self.user_model)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.eval_every < 1 or self.rl_steps < 1 or self.sft_steps < 1:
-            raise ValueError("eval_every, rl_steps and sft_steps must be at least 1")
+        if self.eval_every < 1 or self.rl_steps < 1 or self.sft_steps < 1 or self.workers < 1:
+            raise ValueError("eval_every, rl_steps, sft_steps and workers must be at least 1")
         if self.model is None:  # spelled out, so that the command that reproduces a run names it
             self.model = "default"
         self.conditions = sorted(self.conditions, key=CONDITIONS.index)  # an RL condition starts from the SFT model
@@ -185,32 +205,25 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     budget = config.max_new_tokens or _token_budget(domain, start, config.sft_tasks)
     log(f"envace experiment: {domain.name}, model {start}, {budget} new tokens per generation")
     records: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in config.conditions}
+    pending = []
     for seed in config.seeds:
         for condition in config.conditions:
-            stage = out / f"seed-{seed}" / condition
-            done = stage / "record.json"
+            done = out / f"seed-{seed}" / condition / "record.json"
             if done.is_file():
                 records[condition][seed] = json.loads(done.read_text())
                 log(f"[seed {seed}] {condition}: done before, skipped")
-                continue
-            stage.mkdir(parents=True, exist_ok=True)
-            if condition == "base":
-                record = {"train_seconds": 0.0, "curve": [], **_evaluate(config, domain, start, budget)}
-            elif condition == "sft":
-                record = _sft_stage(config, domain, start, stage, seed, log)
-                record.update(_evaluate(config, domain, str(stage / "final"), budget))
             else:
-                record = _rl_stage(config, domain, out / f"seed-{seed}" / "sft", stage, seed, condition, budget, log)
-            record.update(condition=condition, seed=seed, domain=domain.name)
-            done.write_text(json.dumps(record, indent=2))
-            records[condition][seed] = record
-            log(f"[seed {seed}] {condition}: success {record['success']:.3f} (greedy), "
-                f"{record['success_sampled']:.3f} (sampled)")  # fmt: skip
+                pending.append((seed, condition))
+    if config.workers > 1:
+        _run_in_workers(config, start, budget, pending, records)
+    for seed, condition in pending if config.workers <= 1 else ():
+        records[condition][seed] = _run_stage(config, domain, start, budget, seed, condition, log)
     summary = {
         "command": command_line(config),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, Python {sys.version.split()[0]}",
         "config": asdict(config),
         "dtype": dtype_name(resolve_dtype(config.dtype)),
+        "backend": config.backend,
         "max_new_tokens": budget,
         "records": [r for by_seed in records.values() for r in by_seed.values()],
     }
@@ -224,9 +237,72 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     return {"records": records, "table": table, "plot": plot}
 
 
-# The settings that do not change what a stage measures: where things go, how many threads, which seeds and
-# conditions run (each stage is one seed and one condition).
-_NOT_MEASURED = ("output_dir", "results_file", "threads", "seeds", "conditions")
+def _run_stage(
+    config: ExperimentConfig, domain: Any, start: str, budget: int, seed: int, condition: str, log: Any
+) -> dict[str, Any]:
+    """Run one seed's stage of one condition; its record goes to ``record.json`` in the stage's folder."""
+    out = Path(config.output_dir)
+    stage = out / f"seed-{seed}" / condition
+    stage.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    if condition == "base":
+        record = {"train_seconds": 0.0, "curve": [], **_evaluate(config, domain, start, budget)}
+    elif condition == "sft":
+        record = _sft_stage(config, domain, start, stage, seed, log)
+        record.update(_evaluate(config, domain, str(stage / "final"), budget))
+    else:
+        record = _rl_stage(config, domain, out / f"seed-{seed}" / "sft", stage, seed, condition, budget, log)
+    # wall clock of the whole stage (evaluations included), Unix seconds: when stages ran side by side
+    record.update(condition=condition, seed=seed, domain=domain.name, started=started, ended=time.time())
+    (stage / "record.json").write_text(json.dumps(record, indent=2))
+    log(f"[seed {seed}] {condition}: success {record['success']:.3f} (greedy), "
+        f"{record['success_sampled']:.3f} (sampled)")  # fmt: skip
+    return record
+
+
+def _run_in_workers(
+    config: ExperimentConfig, start: str, budget: int, pending: list[tuple[int, str]], records: dict[str, Any]
+) -> None:
+    """Run the ``pending`` stages in ``config.workers`` processes side by side, each stage as soon as what it
+    starts from is there (an RL stage waits for its seed's SFT stage); records are filled as stages end."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    waiting, running = list(pending), {}
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter each: torch threads, vLLM engines
+    with ProcessPoolExecutor(config.workers, mp_context=context, initializer=_worker_init,
+                             initargs=(config.threads or 1,)) as pool:  # fmt: skip
+        while waiting or running:
+            busy = {seed for seed, condition in (*waiting, *running.values()) if condition == "sft"}
+            ready = [(s, c) for s, c in waiting if c in ("base", "sft") or s not in busy]
+            for seed, condition in ready[: config.workers - len(running)]:
+                waiting.remove((seed, condition))
+                running[pool.submit(_stage_job, config, start, budget, seed, condition)] = (seed, condition)
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                seed, condition = running.pop(future)
+                records[condition][seed] = future.result()  # a stage that failed raises here
+
+
+def _worker_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _stage_job(config: ExperimentConfig, start: str, budget: int, seed: int, condition: str) -> dict[str, Any]:
+    from ..domains.registry import make_domain
+
+    return _run_stage(config, make_domain(config.domain), start, budget, seed, condition, _print_now)
+
+
+def _print_now(message: str) -> None:
+    print(message, flush=True)  # a worker's lines reach the terminal as they are written
+
+
+# The settings that do not change what a stage measures: where things go, how many threads and workers, which
+# seeds and conditions run (each stage is one seed and one condition).
+_NOT_MEASURED = ("output_dir", "results_file", "threads", "workers", "seeds", "conditions")
 
 
 def _check_settings(config: ExperimentConfig, out: Path) -> None:
@@ -323,19 +399,26 @@ def _rl_stage(
         user_model=config.user_model, **settings,
     )  # fmt: skip
     policy = _load(str(sft / "final"), config.train_layers)
-    simulator = _load(str(sft / "final"), None) if settings.get("frozen_simulator") else None
+    # on vLLM: one engine plays the rollouts and the evaluations (the trainer's weights loaded into it after
+    # every step), and the frozen simulator is an engine of its own, never loaded again
+    engine = _engine(config, str(sft / "final")) if config.backend == "vllm" else None
+    if settings.get("frozen_simulator"):
+        simulator = _load(str(sft / "final"), None) if engine is None else _engine(config, str(sft / "final"))
+    else:
+        simulator = None
+    generator = policy if engine is None else engine
     curve_file = stage / "curve.json"
     curve: list[dict[str, Any]] = json.loads(curve_file.read_text()) if curve_file.is_file() else []
     if not curve:  # step 0: the SFT model itself, evaluated like every later point (or already, by its stage)
         sft_record = sft / "record.json"
         sft_eval = (
-            json.loads(sft_record.read_text()) if sft_record.is_file() else _evaluate(config, domain, policy, budget, False)
+            json.loads(sft_record.read_text()) if sft_record.is_file() else _evaluate(config, domain, generator, budget, False)
         )
         curve.append({"step": 0, **{k: sft_eval[k] for k in _EVAL_KEYS}})
 
     def evaluate_now(step: int) -> None:
         curve[:] = [p for p in curve if p["step"] != step]  # a resumed run re-evaluates the step it redid
-        curve.append({"step": step, **_evaluate(config, domain, policy, budget, fidelity=step == config.rl_steps)})
+        curve.append({"step": step, **_evaluate(config, domain, generator, budget, fidelity=step == config.rl_steps)})
         curve_file.write_text(json.dumps(curve, indent=2))
         log(f"[seed {seed}] {condition}: step {step}: success {curve[-1]['success']:.3f} greedy, "
             f"{curve[-1]['success_sampled']:.3f} sampled")  # fmt: skip
@@ -347,7 +430,7 @@ def _rl_stage(
 
     history = train(
         policy, trainer, progress, checkpoint=stage / "checkpoint.pt", checkpoint_every=config.eval_every,
-        on_checkpoint=evaluate_now, simulator=simulator,
+        on_checkpoint=evaluate_now, simulator=simulator, engine=engine,
     )  # fmt: skip
     policy.model.save_pretrained(stage / "final")
     policy.tokenizer.save_pretrained(stage / "final")
@@ -373,6 +456,13 @@ def _load(path: str, train_layers: int | None) -> Any:
     return TransformersPolicy(model, AutoTokenizer.from_pretrained(path))
 
 
+def _engine(config: ExperimentConfig, path: str) -> Any:
+    """A vLLM engine over the model at ``path``, in the experiment's compute dtype (the trainer's)."""
+    from ..policy.vllm import VLLMPolicy
+
+    return VLLMPolicy(path, dtype=dtype_name(resolve_dtype(config.dtype)), seed=0)
+
+
 _EVAL_KEYS = ("success", "mean_reward", "success_sampled", "mean_reward_sampled", "valid_real_calls_per_episode",
               "eval_episodes", "eval_seconds")  # fmt: skip
 
@@ -383,7 +473,10 @@ def _evaluate(
     """Held-out success with real tools, greedy and sampled; rehearsal fidelity (greedy pass) when asked."""
     from ..evaluation.evaluate import evaluate
 
-    policy = _load(model, None) if isinstance(model, str) else model
+    if isinstance(model, str):
+        policy = _engine(config, model) if config.backend == "vllm" else _load(model, None)
+    else:
+        policy = model
     started = time.perf_counter()
     user = {"user": "llm" if config.user == "rehearse" else config.user, "user_model": config.user_model}
     greedy = evaluate(policy, domain, "test", config.eval_tasks, max_new_tokens=budget, fidelity=fidelity, **user)

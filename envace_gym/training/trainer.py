@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,12 +36,16 @@ from ..domains.registry import make_domain
 from ..episode.types import ON_INVALID, REWARDS
 from ..episode.users import check_user
 from ..policy.precision import autocast, resolve_dtype
+from ..policy.protocol import Policy
 from ..policy.transformers import TransformersPolicy
 from ..rehearsal.prompt import rollout_sampling
 from ..rollout.collector import RolloutBatch, Sample, collect_rollouts
 from .advantages import rolewise_advantages
 from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
 from .state import load_state, save_state
+
+if TYPE_CHECKING:
+    from ..policy.vllm import VLLMPolicy
 
 
 @dataclass
@@ -251,7 +255,8 @@ def train(
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 0,
     on_checkpoint: Callable[[int], None] | None = None,
-    simulator: TransformersPolicy | None = None,
+    simulator: Policy | None = None,
+    engine: VLLMPolicy | None = None,
 ) -> list[dict[str, Any]]:
     """Train ``policy.model`` in place; returns one metrics dict per step (also passed to ``log``).
 
@@ -260,6 +265,10 @@ def train(
     runs just before each save (an evaluation for a learning curve, say). ``simulator``: the frozen simulator of
     ``config.frozen_simulator`` (default: a copy of the weights ``policy`` holds when called, before a checkpoint
     is loaded, as the KL reference is: the starting weights, when a resumed run is given its starting model).
+    ``engine``: a faster generator of the same model (a :class:`~envace_gym.policy.vllm.VLLMPolicy` in
+    ``config.dtype``) that plays the rollouts instead of ``policy``; it is given ``policy.model``'s weights
+    (``engine.load_weights``) before the first rollout and after every optimizer step, so each step's rollouts
+    come from the weights being trained, and ``on_checkpoint`` evaluates what it holds.
     """
     model, domain = policy.model, make_domain(config.domain)
     tasks = domain.tasks("train")
@@ -274,7 +283,9 @@ def train(
     sampling, rehearsal = rollout_sampling(config.max_new_tokens, config.temperature)
     # Rollouts sample in the dtype the loss recomputes in, so the recorded log-probs are the "old" ones.
     dtype = resolve_dtype(config.dtype, next(model.parameters()).device)
-    actor = policy.with_compute_dtype(None if dtype == torch.float32 else dtype)
+    actor = policy.with_compute_dtype(None if dtype == torch.float32 else dtype) if engine is None else engine
+    if engine is not None:
+        engine.load_weights(model.named_parameters())  # the starting (or resumed) weights
     for step in range(len(history), config.steps):
         started = time.perf_counter()
 
@@ -326,6 +337,8 @@ def train(
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
         optimizer.step()
         model.eval()
+        if engine is not None:  # the next rollouts (and an evaluation at this checkpoint) use the new weights
+            engine.load_weights(model.named_parameters())
 
         rewards = [e.reward for e in batch.episodes if e.reward is not None]
         real_calls = sum(c["route"] == "real" for e in batch.episodes for c in e.calls)
