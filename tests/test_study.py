@@ -340,3 +340,49 @@ def test_train_top_layers_leaves_the_top_layers_and_the_final_norm_trainable():
     assert trainable and all(n.startswith(("model.layers.1.", "model.norm.")) for n in trainable)
     assert any(n.startswith("model.norm.") for n in trainable)
     assert all(p.requires_grad for p in train_top_layers(tiny_policy(seed=7).model, None).parameters())
+
+
+# -- validation tasks -----------------------------------------------------------------------------------------
+def test_evaluate_takes_its_tasks_and_names_their_split():
+    from envace_gym.evaluation.evaluate import evaluate
+
+    held_back = list(make_domain("units").tasks("train")[-3:])
+    result = evaluate(ScriptedPolicy(lambda prompt: "I cannot say."), "units", "validation", tasks=held_back,
+                      fidelity=False)  # fmt: skip
+    assert result.split == "validation" and [t["task_id"] for t in result.per_task] == [t.id for t in held_back]
+
+
+def test_rl_draws_only_from_the_first_train_tasks(monkeypatch):
+    from envace_gym.training import trainer
+
+    drawn = []
+
+    def record(policy, domain, tasks, *args, **kwargs):
+        drawn.extend(t.id for t in tasks)
+        return collect_rollouts(policy, domain, tasks, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "collect_rollouts", record)
+    config = TrainerConfig(domain="units", steps=3, tasks_per_step=2, group_size=2, max_new_tokens=4, train_tasks=3)
+    train(tiny_policy(seed=0), config)
+    first = {t.id for t in make_domain("units").tasks("train")[:3]}
+    assert len(drawn) == 6 and set(drawn) <= first
+    with pytest.raises(ValueError, match="train_tasks"):
+        TrainerConfig(train_tasks=1, tasks_per_step=2)
+
+
+def test_experiment_evaluates_on_validation_tasks_it_never_trains_on(tmp_path):
+    from envace_gym.errors import EnvACEError
+    from envace_gym.recipes.experiment import run_experiment
+
+    with pytest.raises(ValueError, match="val_tasks >= 1"):
+        ExperimentConfig(eval_on="validation")
+    with pytest.raises(EnvACEError, match=r"held back for validation, sft_tasks \(1000\)"):
+        run_experiment(ExperimentConfig(domain="units", output_dir=str(tmp_path / "x"), sft_tasks=1000, val_tasks=5))
+    config = ExperimentConfig(
+        domain="lights:easy", output_dir=str(tmp_path / "exp"), seeds=[0], conditions=["base"], val_tasks=3,
+        eval_on="validation", max_new_tokens=8,
+    )  # fmt: skip
+    result = run_experiment(config, log=lambda _: None)
+    (record,) = result["records"]["base"].values()
+    assert record["evaluated_on"] == "validation" and record["eval_episodes"] == 3
+    assert "3 validation tasks (the last training tasks, never trained on)" in result["table"]

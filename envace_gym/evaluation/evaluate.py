@@ -20,11 +20,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
+from ..domains.task import Task
 from ..policy.protocol import Policy
 from ..progress import Progress
 from ..rehearsal.prompt import rollout_sampling
@@ -91,6 +93,7 @@ def evaluate(
     progress: Progress = False,
     user: Any = "scripted",
     user_model: str | None = None,
+    tasks: Sequence[Task] | None = None,
 ) -> EvalResult:
     """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
 
@@ -101,13 +104,15 @@ def evaluate(
     ``progress``: ``True`` shows a bar per pass; a callable gets ``(done, total)`` over all its passes' episodes.
     ``user``, ``user_model``: who answers the agent's final answers in the success pass, as for
     :func:`~envace_gym.rollout.collect_rollouts` (``"rehearse"`` is refused: evaluation trains nothing, use ``"llm"``).
+    ``tasks``: the tasks to evaluate instead of the first ``num_tasks`` of ``split`` (validation tasks held back
+    from a training split, say); ``split`` then only names them in the result.
     """
     if user == "rehearse":
         raise ValueError("user='rehearse' trains the user's turns and evaluation trains nothing: use user='llm'")
     if num_tasks < 1:
         raise ValueError(f"num_tasks must be at least 1, got {num_tasks}")
     dom = make_domain(domain)
-    tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))])
+    tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))]) if tasks is None else list(tasks)
     sampling, rehearsal = rollout_sampling(max_new_tokens, temperature, top_p)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
     passes = 4 if fidelity and dom.executes_calls else 1

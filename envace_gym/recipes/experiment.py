@@ -46,6 +46,7 @@ RL_CONDITIONS: dict[str, dict[str, Any]] = {
 }
 CONDITIONS = ("base", "sft", *RL_CONDITIONS)
 BACKENDS = ("transformers", "vllm")
+EVAL_ON = ("test", "validation")
 
 
 @dataclass
@@ -117,6 +118,21 @@ class ExperimentConfig:
 
     # Parameters that control the evaluation
     eval_tasks: int = field(default=100, metadata={"help": "Held-out test tasks per evaluation."})
+    val_tasks: int = field(
+        default=0,
+        metadata={
+            "help": "Validation tasks: the last N training tasks, which neither SFT (the first sft_tasks) nor RL (drawn "
+            "from the ones before them) ever sees; for choosing settings before looking at test tasks."
+        },
+    )
+    eval_on: str = field(
+        default="test",
+        metadata={
+            "help": "What every evaluation scores: test (eval_tasks held-out test tasks: the figures to report) or "
+            "validation (the val_tasks: to choose settings by).",
+            "choices": EVAL_ON,
+        },
+    )
     eval_every: int = field(default=10, metadata={"help": "Evaluate (and checkpoint) every this many RL steps."})
     eval_temperature: float = field(default=0.6, metadata={"help": "Sampled evaluation: temperature (paper: 0.6)."})
     eval_top_p: float = field(default=0.95, metadata={"help": "Sampled evaluation: top-p (paper: 0.95)."})
@@ -160,6 +176,10 @@ class ExperimentConfig:
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
         check_user(self.user, self.user_model)
+        if self.eval_on not in EVAL_ON:
+            raise ValueError(f"eval_on must be one of {EVAL_ON}, got {self.eval_on!r}")
+        if self.val_tasks < 0 or (self.eval_on == "validation" and self.val_tasks < 1):
+            raise ValueError(f"eval_on='validation' needs val_tasks >= 1 (and val_tasks >= 0), got {self.val_tasks}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.dtype not in DTYPES:
@@ -197,6 +217,7 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     if config.model not in (None, "tiny", "default"):
         check_model_source(config.model)  # mistakes fail here, before the first stage loads anything
     domain = make_domain(config.domain)
+    _check_validation(config, domain)
     out = Path(config.output_dir)
     _check_sft_models(config, out)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,7 +253,7 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     config.results_path.parent.mkdir(parents=True, exist_ok=True)
     config.results_path.write_text(table)
     filename = "curve-" + re.sub(r"[^A-Za-z0-9_.-]", "-", domain.name) + ".png"  # "lights:easy" -> lights-easy
-    plot = plot_learning_curves(records, config.results_path.with_name(filename), domain.name)
+    plot = plot_learning_curves(records, config.results_path.with_name(filename), domain.name, config.eval_on)
     log(table)
     return {"records": records, "table": table, "plot": plot}
 
@@ -321,6 +342,22 @@ def _check_settings(config: ExperimentConfig, out: Path) -> None:
     file.write_text(json.dumps(now, indent=2))
 
 
+def _check_validation(config: ExperimentConfig, domain: Any) -> None:
+    """The validation tasks are held back from training: SFT's tasks and RL's draw must leave them out."""
+    available = len(domain.tasks("train")) - config.val_tasks
+    if config.val_tasks and (config.sft_tasks > available or config.tasks_per_step > available):
+        raise EnvACEError(
+            f"{domain.name} has {len(domain.tasks('train'))} training tasks: with the last {config.val_tasks} held back "
+            f"for validation, sft_tasks ({config.sft_tasks}) and tasks_per_step ({config.tasks_per_step}) must be at "
+            f"most {available}"
+        )
+
+
+def _validation_tasks(config: ExperimentConfig, domain: Any) -> list[Any]:
+    train = domain.tasks("train")
+    return [train[i] for i in range(len(train) - config.val_tasks, len(train))]
+
+
 def _check_sft_models(config: ExperimentConfig, out: Path) -> None:
     """An RL condition starts from its seed's SFT model: refuse, before anything loads, a run that has neither it
     nor the 'sft' condition."""
@@ -396,6 +433,7 @@ def _rl_stage(
         domain=domain, on_invalid=config.on_invalid, reward=config.reward, tasks_per_step=config.tasks_per_step,
         group_size=config.group_size, max_new_tokens=budget, temperature=config.temperature, steps=config.rl_steps,
         learning_rate=config.rl_learning_rate, seed=seed, dtype=config.dtype, user=config.user,
+        train_tasks=len(domain.tasks("train")) - config.val_tasks if config.val_tasks else None,
         user_model=config.user_model, **settings,
     )  # fmt: skip
     policy = _load(str(sft / "final"), config.train_layers)
@@ -479,9 +517,13 @@ def _evaluate(
         policy = model
     started = time.perf_counter()
     user = {"user": "llm" if config.user == "rehearse" else config.user, "user_model": config.user_model}
-    greedy = evaluate(policy, domain, "test", config.eval_tasks, max_new_tokens=budget, fidelity=fidelity, **user)
+    if config.eval_on == "validation":  # held-back training tasks, named "validation" in the results
+        where = {"split": "validation", "tasks": _validation_tasks(config, domain)}
+    else:
+        where = {"split": "test", "num_tasks": config.eval_tasks}
+    greedy = evaluate(policy, domain, **where, max_new_tokens=budget, fidelity=fidelity, **user)
     sampled = evaluate(
-        policy, domain, "test", config.eval_tasks, max_new_tokens=budget, temperature=config.eval_temperature,
+        policy, domain, **where, max_new_tokens=budget, temperature=config.eval_temperature,
         top_p=config.eval_top_p, seed=config.eval_seed, fidelity=False, **user,
     )  # fmt: skip
     return {
@@ -495,6 +537,7 @@ def _evaluate(
         "rehearsal_equal_withheld": greedy.equal_to_real_withheld,  # it was not: simulation
         "rehearsal_equal_own_calls": greedy.equal_to_real_own_calls,  # the policy's own calls: simulation
         "eval_episodes": greedy.episodes,
+        "evaluated_on": config.eval_on,
         "eval_seconds": time.perf_counter() - started,
     }
 
@@ -509,6 +552,12 @@ def _mean_std_range(values: list[float]) -> str:
     return f"{mean:.3f} ± {std:.3f} (±{(max(known) - min(known)) / 2:.3f})"
 
 
+def _evaluated_on(config: ExperimentConfig) -> str:
+    if config.eval_on == "validation":
+        return f"{config.val_tasks} validation tasks (the last training tasks, never trained on)"
+    return f"{config.eval_tasks} held-out test tasks"
+
+
 def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[str, Any]]], budget: int) -> str:
     """Markdown: the command, the settings, one row per condition (mean ± std over seeds, then half the range)."""
     lines = [
@@ -518,7 +567,7 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
         command_line(config),
         "```",
         "",
-        f"Domain `{config.domain}`, {config.eval_tasks} held-out test tasks, real execution; greedy and sampled "
+        f"Domain `{config.domain}`, {_evaluated_on(config)}, real execution; greedy and sampled "
         f"(T {config.eval_temperature}, top-p {config.eval_top_p}, seed {config.eval_seed}). Seeds {config.seeds}; "
         f"each cell: mean ± standard deviation over seeds (± half the range). RL: {config.rl_steps} steps of "
         f"{config.tasks_per_step} tasks × G={config.group_size}, reward `{config.reward}`, on_invalid "
@@ -544,7 +593,9 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
     return "\n".join(lines) + "\n"
 
 
-def plot_learning_curves(records: dict[str, dict[int, dict[str, Any]]], path: Path, title: str) -> str | None:
+def plot_learning_curves(
+    records: dict[str, dict[int, dict[str, Any]]], path: Path, title: str, evaluated_on: str = "test"
+) -> str | None:
     """Held-out success (greedy and sampled) against RL step: a thin line per seed, a thick mean per condition."""
     try:
         import matplotlib
@@ -570,7 +621,7 @@ def plot_learning_curves(records: dict[str, dict[int, dict[str, Any]]], path: Pa
                 for s in steps
             ]
             ax.plot(steps, mean, color=color, lw=2.5, label=f"{condition} ({len(runs)} seeds)")
-        ax.set_title(f"held-out success, {label}")
+        ax.set_title(f"{'validation' if evaluated_on == 'validation' else 'held-out'} success, {label}")
         ax.set_xlabel("RL step (0: the SFT model)")
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)

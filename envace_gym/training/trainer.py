@@ -125,6 +125,10 @@ class TrainerConfig:
         },
     )
     seed: int = field(default=0, metadata={"help": "Seeds task draws and sampling."})
+    train_tasks: int | None = field(
+        default=None,
+        metadata={"help": "Draw tasks from the first N training tasks only (the rest can be validation); None: all."},
+    )
 
     # Parameters that control speed and memory
     shared_prefix: bool = field(
@@ -152,6 +156,8 @@ class TrainerConfig:
         check_user(self.user, self.user_model)
         if not isinstance(self.user, str):
             raise ValueError("user is a name or an endpoint URL here; pass a UserSimulator to collect_rollouts instead")
+        if self.train_tasks is not None and self.train_tasks < self.tasks_per_step:
+            raise ValueError(f"train_tasks ({self.train_tasks}) must be at least tasks_per_step ({self.tasks_per_step})")
         if self.refill_zero_std < 0:
             raise ValueError(f"refill_zero_std must be at least 0, got {self.refill_zero_std}")
         if self.epsilon <= 0:
@@ -272,6 +278,7 @@ def train(
     """
     model, domain = policy.model, make_domain(config.domain)
     tasks = domain.tasks("train")
+    tasks = tasks if config.train_tasks is None else tasks[: config.train_tasks]  # (a slice builds every task)
     rng = np.random.default_rng(config.seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     reference = copy.deepcopy(model).eval().requires_grad_(False) if config.beta > 0 else None
