@@ -237,8 +237,9 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
                 pending.append((seed, condition))
     if config.workers > 1:
         _run_in_workers(config, start, budget, pending, records)
-    for seed, condition in pending if config.workers <= 1 else ():
-        records[condition][seed] = _run_stage(config, domain, start, budget, seed, condition, log)
+    else:
+        for seed, condition in pending:
+            records[condition][seed] = _run_stage(config, domain, start, budget, seed, condition, log)
     summary = {
         "command": command_line(config),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, Python {sys.version.split()[0]}",
@@ -290,9 +291,12 @@ def _run_in_workers(
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     waiting, running = list(pending), {}
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter each: torch threads, vLLM engines
+    # A fresh interpreter for every stage: its own torch threads, vLLM state and memory, all returned at its end
+    # (Python 3.10's pool cannot renew its workers: there a worker runs stage after stage).
+    context = multiprocessing.get_context("spawn")
+    renew = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
     with ProcessPoolExecutor(config.workers, mp_context=context, initializer=_worker_init,
-                             initargs=(config.threads or 1,)) as pool:  # fmt: skip
+                             initargs=(config.threads or 1,), **renew) as pool:  # fmt: skip
         while waiting or running:
             busy = {seed for seed, condition in (*waiting, *running.values()) if condition == "sft"}
             ready = [(s, c) for s, c in waiting if c in ("base", "sft") or s not in busy]
