@@ -128,25 +128,25 @@ def test_envace_eval_runs_on_the_vllm_backend(tiny_vllm_folder, capsys):
     assert "units / test: 2 episodes, real execution" in capsys.readouterr().out
 
 
-def test_envace_bench_sets_vllm_against_transformers_on_the_same_episodes(tiny_vllm_folder, capsys):
+def test_envace_bench_sets_vllm_against_transformers_on_the_same_episodes(tiny_vllm_folder, capfd):
     """``envace bench --backend vllm``: both workloads, both backends' rates, and the prefix cache measured."""
     import re
 
     from envace_gym.cli import main
 
     assert main(["bench", "--backend", "vllm", "--model", str(tiny_vllm_folder), "--quick"]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| vllm vs transformers:")]
     assert len(rows) == 2 and all("transformers:" in r and "vllm:" in r for r in rows)
     served = [int(x) for x in re.findall(r"prefix cache served (\d+)% of", out)]
     assert len(served) == 2 and all(x > 0 for x in served)  # turns and rehearsals of a task share prefixes
 
 
-def test_envace_demo_runs_on_the_vllm_backend(tiny_vllm_folder, capsys):
+def test_envace_demo_runs_on_the_vllm_backend(tiny_vllm_folder, capfd):
     from envace_gym.cli import main
 
     assert main(["demo", "--backend", "vllm", "--model", str(tiny_vllm_folder), "--episodes", "1"]) == 0
-    assert "episode" in capsys.readouterr().out.lower()
+    assert "episode" in capfd.readouterr().out.lower()
 
 
 def test_the_readable_trainer_rolls_out_on_an_engine_that_holds_the_trained_weights(tiny_vllm_folder):
