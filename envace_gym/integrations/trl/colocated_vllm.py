@@ -15,6 +15,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from ...errors import TrainingConfigError
+from ...policy.precision import dtype_name
 
 
 def refuse_vllm_settings(args: Any, what: str) -> None:
@@ -118,7 +119,7 @@ def shutdown_engine(trainer: Any) -> None:
 def engine_dtype(trainer: Any) -> str | None:
     """The dtype the trainer's colocated vLLM engine runs in (``"float32"``), or ``None`` without one."""
     llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
-    return None if llm is None else str(llm.model_config.dtype).removeprefix("torch.")
+    return None if llm is None else dtype_name(llm.model_config.dtype)
 
 
 def _sync_vllm_on_cpu(trainer: Any) -> None:
