@@ -108,6 +108,20 @@ def test_zero_variance_groups_are_counted_and_refilled():
     assert refilled["trained_tokens"] == 0 and refilled["rows_act"] == 0  # nothing informative was kept
 
 
+def test_reward_spread_tells_groups_with_different_rewards_and_leaves_masked_episodes_out():
+    import dataclasses
+
+    units = make_domain("units")
+    batch = collect_rollouts(tiny_policy(seed=4), units, units.tasks("train")[:2], 2, on_invalid="feedback")
+    rewards = {(0, 0): 0.0, (0, 1): 1.0, (1, 0): None, (1, 1): 1.0}  # (group, place in group) -> reward
+    places: dict[int, int] = {}
+    episodes = []
+    for e in batch.episodes:
+        place = places[e.group] = places.get(e.group, -1) + 1
+        episodes.append(dataclasses.replace(e, reward=rewards[e.group, place]))
+    assert type(batch)(episodes).reward_spread() == {0: True, 1: False}
+
+
 def test_training_resumes_from_its_checkpoint(tmp_path):
     config = TrainerConfig(domain="units", steps=3, tasks_per_step=1, group_size=2, max_new_tokens=6, seed=5)
     whole = tiny_policy(seed=6)
@@ -379,10 +393,12 @@ def test_experiment_evaluates_on_validation_tasks_it_never_trains_on(tmp_path):
     with pytest.raises(EnvACEError, match=r"held back for validation, sft_tasks \(1000\)"):
         run_experiment(ExperimentConfig(domain="units", output_dir=str(tmp_path / "x"), sft_tasks=1000, val_tasks=5))
     config = ExperimentConfig(
-        domain="lights:easy", output_dir=str(tmp_path / "exp"), seeds=[0], conditions=["base"], val_tasks=3,
-        eval_on="validation", max_new_tokens=8,
+        domain="lights:easy", output_dir=str(tmp_path / "exp"), seeds=[0], conditions=["base", "sft"], val_tasks=3,
+        eval_on="validation", max_new_tokens=8, sft_tasks=4, sft_steps=1, group_size=2,
     )  # fmt: skip
     result = run_experiment(config, log=lambda _: None)
     (record,) = result["records"]["base"].values()
     assert record["evaluated_on"] == "validation" and record["eval_episodes"] == 3
+    (sft,) = result["records"]["sft"].values()  # the start's reward spread, on the validation tasks
+    assert sft["spread_groups"] == 3 and 0 <= sft["groups_with_spread"] <= 1 and "groups_with_spread" not in record
     assert "3 validation tasks (the last training tasks, never trained on)" in result["table"]

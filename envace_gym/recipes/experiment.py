@@ -271,15 +271,28 @@ def _run_stage(
         record = {"train_seconds": 0.0, "curve": [], **_evaluate(config, domain, start, budget)}
     elif condition == "sft":
         record = _sft_stage(config, domain, start, stage, seed, log)
-        record.update(_evaluate(config, domain, str(stage / "final"), budget))
+        policy = _policy(config, str(stage / "final"))
+        record.update(_evaluate(config, domain, policy, budget))
+        if config.val_tasks:
+            record.update(group_spread(config, domain, policy, budget, seed))
     else:
         record = _rl_stage(config, domain, out / f"seed-{seed}" / "sft", stage, seed, condition, budget, log)
-    # wall clock of the whole stage (evaluations included), Unix seconds: when stages ran side by side
-    record.update(condition=condition, seed=seed, domain=domain.name, started=started, ended=time.time())
+    # wall clock of the whole stage (evaluations included), Unix seconds: when stages ran side by side; the
+    # process's peak resident memory so far (with --workers, a fresh process per stage: the stage's own peak)
+    record.update(condition=condition, seed=seed, domain=domain.name, started=started, ended=time.time(),
+                  process_peak_rss_gib=_peak_rss_gib())  # fmt: skip
     (stage / "record.json").write_text(json.dumps(record, indent=2))
     log(f"[seed {seed}] {condition}: success {record['success']:.3f} (greedy), "
         f"{record['success_sampled']:.3f} (sampled)")  # fmt: skip
     return record
+
+
+def _peak_rss_gib() -> float | None:
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)  # KiB on Linux
 
 
 def _run_in_workers(
@@ -509,16 +522,43 @@ _EVAL_KEYS = ("success", "mean_reward", "success_sampled", "mean_reward_sampled"
               "eval_episodes", "eval_seconds")  # fmt: skip
 
 
+def _policy(config: ExperimentConfig, path: str) -> Any:
+    """The model at ``path`` on the experiment's backend, for evaluation."""
+    return _engine(config, path) if config.backend == "vllm" else _load(path, None)
+
+
+# Validation tasks of the start's reward-spread measure: four batches' worth of groups at the default 4 tasks.
+SPREAD_TASKS = 16
+
+
+def group_spread(config: ExperimentConfig, domain: Any, policy: Any, budget: int, seed: int) -> dict[str, Any]:
+    """How much a start leaves RL to learn from: ``group_size`` episodes of each of the first ``SPREAD_TASKS``
+    validation tasks at the training temperature, real tools, the RL reward and ``on_invalid``; the share of
+    groups whose episodes earn different rewards (a group that all succeeds or all fails gives no gradient)."""
+    from ..rehearsal.prompt import rollout_sampling
+    from ..rollout.collector import collect_rollouts
+
+    tasks = _validation_tasks(config, domain)[:SPREAD_TASKS]
+    sampling, rehearsal = rollout_sampling(budget, config.temperature)
+    batch = collect_rollouts(
+        policy, domain, tasks, config.group_size, executor="real", act_sampling=sampling, rehearsal=rehearsal,
+        on_invalid=config.on_invalid, reward=config.reward, seed=seed, user=config.user, user_model=config.user_model,
+    )  # fmt: skip
+    spread = batch.reward_spread()
+    return {
+        "groups_with_spread": sum(spread.values()) / max(1, len(spread)),
+        "spread_groups": len(spread),
+        "spread_success": sum(e.success for e in batch.episodes) / max(1, len(batch.episodes)),
+    }
+
+
 def _evaluate(
     config: ExperimentConfig, domain: Any, model: Any, budget: int, fidelity: bool = True
 ) -> dict[str, Any]:
     """Held-out success with real tools, greedy and sampled; rehearsal fidelity (greedy pass) when asked."""
     from ..evaluation.evaluate import evaluate
 
-    if isinstance(model, str):
-        policy = _engine(config, model) if config.backend == "vllm" else _load(model, None)
-    else:
-        policy = model
+    policy = _policy(config, model) if isinstance(model, str) else model
     started = time.perf_counter()
     user = {"user": "llm" if config.user == "rehearse" else config.user, "user_model": config.user_model}
     if config.eval_on == "validation":  # held-back training tasks, named "validation" in the results
@@ -579,9 +619,9 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
         "",
         "| condition | success (greedy) | success (sampled) | mean reward (greedy) | valid real calls / episode "
         "| rehearsal = real, own result in prompt (copying) | rehearsal = real, own result withheld (simulation) "
-        "| rehearsal = real, the policy's own calls (simulation) | real tool executions in training | train s "
-        "| eval s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| rehearsal = real, the policy's own calls (simulation) | groups with a reward spread at the start "
+        "| real tool executions in training | train s | eval s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for condition, by_seed in records.items():
         rows = list(by_seed.values())
@@ -592,7 +632,7 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
         lines.append(
             f"| {condition} | {col('success')} | {col('success_sampled')} | {col('mean_reward')} "
             f"| {col('valid_real_calls_per_episode')} | {col('rehearsal_equal_copying')} | {col('rehearsal_equal_withheld')} "
-            f"| {col('rehearsal_equal_own_calls')} | {'/'.join(map(str, executions))} | {col('train_seconds')} | {col('eval_seconds')} |"
+            f"| {col('rehearsal_equal_own_calls')} | {col('groups_with_spread')} | {'/'.join(map(str, executions))} | {col('train_seconds')} | {col('eval_seconds')} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -95,6 +95,15 @@ class RolloutBatch:
     def rewards(self) -> list[float | None]:
         return [e.reward for e in self.episodes]
 
+    def reward_spread(self) -> dict[int, bool]:
+        """Per group: do its scored episodes earn different rewards? (A group without a spread gives GRPO no
+        gradient.)"""
+        by_group: dict[int, set[float]] = {}
+        for e in self.episodes:
+            if e.reward is not None:
+                by_group.setdefault(e.group, set()).add(round(e.reward, 9))
+        return {g: len(r) > 1 for g, r in by_group.items()}
+
 
 def collect_rollouts(
     policy: Policy,

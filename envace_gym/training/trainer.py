@@ -378,17 +378,8 @@ def train(
     return history
 
 
-def _reward_spread(batch: RolloutBatch) -> dict[int, bool]:
-    """Per group: do its scored episodes earn different rewards?"""
-    by_group: dict[int, set[float]] = {}
-    for e in batch.episodes:
-        if e.reward is not None:
-            by_group.setdefault(e.group, set()).add(round(e.reward, 9))
-    return {g: len(r) > 1 for g, r in by_group.items()}
-
-
 def _zero_std_groups(batch: RolloutBatch) -> int:
-    return sum(not spread for spread in _reward_spread(batch).values())
+    return sum(not spread for spread in batch.reward_spread().values())
 
 
 def _groups(batch: RolloutBatch) -> int:
@@ -397,7 +388,7 @@ def _groups(batch: RolloutBatch) -> int:
 
 def _informative(batch: RolloutBatch) -> RolloutBatch:
     """The episodes of the groups with a reward spread."""
-    spread = _reward_spread(batch)
+    spread = batch.reward_spread()
     return RolloutBatch([e for e in batch.episodes if spread.get(e.group, False)], dict(batch.stats))
 
 
