@@ -185,6 +185,9 @@ def test_eval_reaches_a_domain_written_in_python(capsys):
     ]
     assert main(argv) == 0
     assert "library / test: 1 episodes" in capsys.readouterr().out
+    assert main([*argv, "--trials", "2", "--temperature", "1", "--no-fidelity"]) == 0
+    out = capsys.readouterr().out
+    assert "library / test: 2 episodes" in out and "pass^1 0.000, pass^2 0.000 (2 trials per task)" in out
 
 
 def test_check_rehearsal_tells_parsed_accepted_and_equal_apart():

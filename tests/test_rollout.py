@@ -250,7 +250,7 @@ def test_progress_callbacks_count_every_unit_of_work(tiny):
 def test_progress_bar_is_opt_in(tiny, capsys):
     from envace_gym.evaluation.evaluate import _pass_progress
 
-    assert _pass_progress("my eval", 0, 2, 3, "episodes (real execution)") == "my eval: episodes (real execution)"
+    assert _pass_progress("my eval", 0, 6, "episodes (real execution)") == "my eval: episodes (real execution)"
     collect_rollouts(tiny, "units", ["units/000"], act="reference", rehearsal=REHEARSE_GREEDY)
     assert "episodes" not in capsys.readouterr().err  # silent unless asked
     collect_rollouts(tiny, "units", ["units/000"], act="reference", rehearsal=REHEARSE_GREEDY, progress="my pass")

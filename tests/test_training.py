@@ -580,8 +580,37 @@ def test_evaluate_keeps_its_success_pass_when_a_tool_raises_in_fidelity_and_leav
     monkeypatch.setattr(domain, "score", lambda task, trajectory: next(scores))
     result = evaluate(ScriptedPolicy(lambda p: "Done."), domain, "test", num_tasks=2, fidelity=False)
     assert (result.masked_episodes, result.success_rate, result.mean_reward) == (1, 1.0, 1.0)
-    with pytest.raises(ValueError, match="num_tasks must be at least 1"):
+    with pytest.raises(ValueError, match="num_tasks and trials must be at least 1"):
         evaluate(ScriptedPolicy([]), domain, "test", num_tasks=0)
+
+
+def test_pass_hat_k_is_the_chance_that_k_trials_drawn_from_a_tasks_all_succeed():
+    from itertools import combinations
+
+    from envace_gym.evaluation.evaluate import pass_hat_k
+
+    tasks = [[True, True, False, False], [True, True, True], [False, True], [True]]
+    for k in (1, 2, 3, 4):  # against every draw of k trials, counted
+        draws = [[all(c) for c in combinations(t, k)] for t in tasks if len(t) >= k]
+        assert pass_hat_k(tasks, k) == pytest.approx(sum(sum(d) / len(d) for d in draws) / len(draws))
+    assert pass_hat_k(tasks, 2) == pytest.approx((1 / 6 + 1 + 0) / 3)
+    assert pass_hat_k(tasks, 5) != pass_hat_k(tasks, 5)  # no task has 5 trials: NaN, not 0
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        pass_hat_k(tasks, 0)
+
+
+def test_evaluate_runs_trials_per_task_and_reports_pass_k(monkeypatch):
+    domain = make_domain("bank")
+    first, second = (t.id for t in domain.tasks("test")[:2])
+    scores = {first: iter([1.0, 1.0, 0.0]), second: iter([1.0, None, 1.0])}  # None: the verifier failed (masked)
+    monkeypatch.setattr(domain, "score", lambda task, trajectory: next(scores[task.id]))
+    result = evaluate(ScriptedPolicy(lambda p: "Done."), domain, "test", num_tasks=2, fidelity=False, trials=3)
+    assert result.episodes == 6 and result.trials == 3 and result.masked_episodes == 1
+    # first task: 2 of 3; second: 2 of its 2 scored trials (too few for pass^3)
+    assert result.pass_k == pytest.approx({1: (2 / 3 + 1) / 2, 2: (1 / 3 + 1) / 2, 3: 0.0})
+    assert sorted(r["task_id"] for r in result.per_task) == sorted([first] * 3 + [second] * 3)
+    with pytest.raises(ValueError, match="trials must be at least 1"):
+        evaluate(ScriptedPolicy([]), domain, "test", num_tasks=1, trials=0)
 
 
 @pytest.mark.parametrize("sharding", ["zero3", "fsdp"])

@@ -159,8 +159,8 @@ def _eval(args: argparse.Namespace) -> int:
         check_user(args.user, args.user_model)
     except ValueError as exc:
         raise EnvACEError(str(exc)) from None
-    if args.num_tasks < 1 or min(args.budget) < 0 or args.horizon < 1:
-        raise EnvACEError("--num-tasks and --horizon must be at least 1, --budget at least 0")
+    if args.num_tasks < 1 or args.trials < 1 or min(args.budget) < 0 or args.horizon < 1:
+        raise EnvACEError("--num-tasks, --trials and --horizon must be at least 1, --budget at least 0")
     domain = make_domain(args.domain)  # an unknown domain fails before the model loads
     policy = make_policy(args.model, backend=args.backend)
     runs = []
@@ -181,7 +181,7 @@ def _eval(args: argparse.Namespace) -> int:
         result = evaluate(
             policy, domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p, fidelity=not args.no_fidelity and not runs, planner=planner,
-            seed=args.seed, progress=True, user=args.user, user_model=args.user_model,
+            seed=args.seed, progress=True, user=args.user, user_model=args.user_model, trials=args.trials,
         )  # fmt: skip
         runs.append(("plain acting" if planner is None else label, result))
         if args.out:  # after every setting, so a long table interrupted midway keeps what it measured
@@ -194,6 +194,9 @@ def _eval(args: argparse.Namespace) -> int:
               f"{result.user} user")  # fmt: skip
         print(f"  success rate       {result.success_rate:.3f}")
         print(f"  mean reward        {result.mean_reward:.3f}")
+        if result.trials > 1:
+            print(f"  pass^k             {', '.join(f'pass^{k} {v:.3f}' for k, v in result.pass_k.items())} "
+                  f"({result.trials} trials per task)")  # fmt: skip
         if result.masked_episodes:
             print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them, or a "
                   "simulated user failed: out of the success rate and the reward)")  # fmt: skip
@@ -434,6 +437,11 @@ def build_parser() -> argparse.ArgumentParser:
         "policy's own calls: each rehearsed and compared with the real results)",
     )  # fmt: skip
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the generation batches")
+    evaluate.add_argument(
+        "--trials", type=int, default=1,
+        help="episodes per task (each its own seed): reports tau2-Bench's pass^1 .. pass^k; sample (--temperature) "
+        "or use a sampled user, or every trial is the same",
+    )  # fmt: skip
     evaluate.add_argument(
         "--user", default="scripted", metavar="{scripted,llm,URL}",
         help="who answers the agent's final answers: the task's scripted turns, the policy playing a simulated user "

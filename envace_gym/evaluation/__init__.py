@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .evaluate import EvalResult, evaluate
+from .evaluate import EvalResult, evaluate, pass_hat_k
 from .fidelity import RehearsalCheck, check_rehearsal
 
 __all__ = [
@@ -10,4 +10,5 @@ __all__ = [
     "RehearsalCheck",
     "check_rehearsal",
     "evaluate",
+    "pass_hat_k",
 ]

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -63,16 +64,30 @@ class EvalResult:
     own_calls: int = 0  # the policy's own calls rehearsed in the third fidelity pass
     parsed_own_calls: float = float("nan")
     equal_to_real_own_calls: float = float("nan")  # simulation of the calls the policy itself makes
+    trials: int = 1  # episodes per task
+    pass_k: dict[int, float] = field(default_factory=dict)  # k -> pass^k, for k = 1 .. trials (see pass_hat_k)
     per_task: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _pass_progress(progress: Progress, k: int, passes: int, n: int, label: str) -> Progress:
-    """Pass ``k`` of ``passes`` (``n`` episodes each): its own named bar, or the callback over all passes."""
+def pass_hat_k(successes: Sequence[Sequence[bool]], k: int) -> float:
+    """τ²-Bench's pass^k: for each task, the chance that ``k`` of its trials, drawn without replacement, all
+    succeed (``C(c, k) / C(n, k)`` with ``c`` successes in ``n`` trials), averaged over the tasks with at least
+    ``k`` trials (NaN when none has). pass^1 is the success rate; pass^k falls as k grows unless every task
+    succeeds always or never: the reliability the success rate hides."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    chances = [math.comb(sum(t), k) / math.comb(len(t), k) for t in successes if len(t) >= k]
+    return sum(chances) / len(chances) if chances else float("nan")
+
+
+def _pass_progress(progress: Progress, before: int, total: int, label: str) -> Progress:
+    """A pass that follows ``before`` episodes of ``total`` in all passes: its own named bar, or the callback
+    counting over all passes."""
     if callable(progress):
-        return lambda done, _: progress(k * n + done, passes * n)
+        return lambda done, _: progress(before + done, total)
     if isinstance(progress, str):  # the caller's label, then which pass
         return f"{progress}: {label}"
     return label if progress else False
@@ -94,6 +109,7 @@ def evaluate(
     user: Any = "scripted",
     user_model: str | None = None,
     tasks: Sequence[Task] | None = None,
+    trials: int = 1,
 ) -> EvalResult:
     """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
 
@@ -106,26 +122,33 @@ def evaluate(
     :func:`~envace_gym.rollout.collect_rollouts` (``"rehearse"`` is refused: evaluation trains nothing, use ``"llm"``).
     ``tasks``: the tasks to evaluate instead of the first ``num_tasks`` of ``split`` (validation tasks held back
     from a training split, say); ``split`` then only names them in the result.
+    ``trials``: episodes per task in the success pass (each with its own seed): ``pass_k`` holds τ²-Bench's
+    pass^1 .. pass^trials (:func:`pass_hat_k`; a masked episode is not one of its task's trials). Greedy acting
+    against scripted users plays the same episode every trial.
     """
     if user == "rehearse":
         raise ValueError("user='rehearse' trains the user's turns and evaluation trains nothing: use user='llm'")
-    if num_tasks < 1:
-        raise ValueError(f"num_tasks must be at least 1, got {num_tasks}")
+    if num_tasks < 1 or trials < 1:
+        raise ValueError(f"num_tasks and trials must be at least 1, got {num_tasks} and {trials}")
     dom = make_domain(domain)
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))]) if tasks is None else list(tasks)
     sampling, rehearsal = rollout_sampling(max_new_tokens, temperature, top_p)
     actor = RehearsalPlanner(policy, planner, sampling) if planner is not None else None
-    passes = 4 if fidelity and dom.executes_calls else 1
+    n = len(tasks)
+    total = n * trials + (3 * n if fidelity and dom.executes_calls else 0)  # the success pass, then fidelity's three
     executor = "real" if not tasks or dom.make_executor(tasks[0]) is not None else "cached"
     # A call the cache cannot answer is rehearsed, as at test time: nothing privileged (no reference execution) in
     # its prompt, since the rehearsed result enters the agent's conversation.
     real = collect_rollouts(
-        policy, dom, tasks, executor=executor, act_sampling=sampling, seed=seed, actor=actor, user=user,
+        policy, dom, tasks, trials, executor=executor, act_sampling=sampling, seed=seed, actor=actor, user=user,
         user_model=user_model, rehearsal=replace(rehearsal, include_reference=False),
-        progress=_pass_progress(progress, 0, passes, len(tasks), f"episodes ({executor} execution)"),
+        progress=_pass_progress(progress, 0, total, f"episodes ({executor} execution)"),
     )  # fmt: skip
     scored = [e for e in real.episodes if e.reward is not None]  # a masked episode is neither success nor failure
     rewards = [e.reward for e in scored]
+    by_task: dict[int, list[bool]] = {}
+    for e in scored:
+        by_task.setdefault(e.group, []).append(e.success)
     result = EvalResult(
         domain=dom.name,
         split=split,
@@ -136,6 +159,8 @@ def evaluate(
         user=user if isinstance(user, str) else type(user).__name__,
         masked_episodes=len(real.episodes) - len(rewards),
         skipped_tasks=int(real.stats["skipped_tasks"]),
+        trials=trials,
+        pass_k={k: pass_hat_k(list(by_task.values()), k) for k in range(1, trials + 1)},
         per_task=[
             {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns} for e in real.episodes
         ],
@@ -147,17 +172,17 @@ def evaluate(
     if not fidelity or not dom.executes_calls:  # no real responses to compare rehearsals with
         return result
     rehearsals, result.parsed, result.schema_ok, result.equal_to_real = _fidelity(
-        policy, dom, tasks, rehearsal, seed, _pass_progress(progress, 1, passes, len(tasks), "rehearsal fidelity (reference acts)")
+        policy, dom, tasks, rehearsal, seed, _pass_progress(progress, n * trials, total, "rehearsal fidelity (reference acts)")
     )
     result.rehearsals = rehearsals
     withheld = replace(rehearsal, withhold_own_result=True)
     _, result.parsed_withheld, _, result.equal_to_real_withheld = _fidelity(
         policy, dom, tasks, withheld, seed,
-        _pass_progress(progress, 2, passes, len(tasks), "rehearsal fidelity (own results withheld)"),
+        _pass_progress(progress, n * (trials + 1), total, "rehearsal fidelity (own results withheld)"),
     )  # fmt: skip
     result.own_calls, result.parsed_own_calls, _, result.equal_to_real_own_calls = _fidelity(
         policy, dom, tasks, withheld, seed,
-        _pass_progress(progress, 3, passes, len(tasks), "rehearsal fidelity (the policy's own calls)"),
+        _pass_progress(progress, n * (trials + 2), total, "rehearsal fidelity (the policy's own calls)"),
         act_sampling=sampling,
     )  # fmt: skip
     return result
