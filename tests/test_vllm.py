@@ -59,14 +59,22 @@ def test_seeds_reproduce_and_repeated_prompts_differ(engine):
     assert len({g.completion_ids for g in first}) > 1  # G copies of one prompt: G samples, not one
 
 
-def test_a_seeded_batch_whose_prefill_spans_engine_steps_runs_and_reproduces(engine):
-    """Prompts whose prefill does not fit one engine step (4,096 tokens here) are split across steps; with a
-    generator per request, vLLM's CPU backend failed there ("CPU Generator does not use offset")."""
+def test_a_seeded_batch_whose_prefill_spans_engine_steps_runs_and_reproduces(engine, tiny_vllm_folder):
+    """Prompts whose prefill does not fit one engine step (vLLM's CPU default, 4,096 tokens) are split across
+    steps; with a generator per request, vLLM's CPU backend failed there ("CPU Generator does not use offset").
+    By default the step is widened on a CPU, so that a rollout batch goes to the engine as one part."""
+    from envace_gym.policy.vllm import CPU_STEP_TOKENS, VLLMPolicy
+
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=7)
+    assert engine.step_tokens == CPU_STEP_TOKENS
+    batch = [_prompt(engine, f"Request {i}: convert {i} km to miles. " * 20) for i in range(64)]  # 64 episodes
+    assert sum(map(len, batch)) > 4096 and len(engine._parts(batch, params)) == 1
+    narrow = VLLMPolicy(tiny_vllm_folder, engine_kwargs={"max_num_batched_tokens": 4096})
+    assert narrow.step_tokens == 4096 and len(narrow._parts(batch, params)) > 1
     prompts = [_prompt(engine, f"Request {i}: convert {i} km to miles. " * 200) for i in range(4)]  # no shared prefix
     assert sum(map(len, prompts)) > 4096
-    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=7)
-    first = engine.generate(prompts, params)
-    assert [g.completion_ids for g in first] == [g.completion_ids for g in engine.generate(prompts, params)]
+    first = narrow.generate(prompts, params)
+    assert [g.completion_ids for g in first] == [g.completion_ids for g in narrow.generate(prompts, params)]
     assert all(len(g.completion_ids) == 6 or g.finish_reason == "stop" for g in first)
 
 

@@ -14,7 +14,10 @@ path runs on it unchanged:
   vLLM's CPU backend cannot rewind a request's own generator, which vLLM does when a prompt's prefill is
   split across engine steps, and fails there; so on a CPU a seeded batch is submitted in parts whose prompts
   fit one step together (``max_num_batched_tokens``), and a prompt longer than that alone is sampled
-  without its seed (with a warning, once).
+  without its seed (with a warning, once). The step is widened on a CPU (``CPU_STEP_TOKENS`` unless
+  ``engine_kwargs`` sets it; vLLM's CPU default is 4096) so that a rollout batch is one part: a step bounds
+  what the engine admits, and with prefix caching it computes only the tokens not cached (measured: one
+  batch of 8 tasks x G=8 of the default model 1.75x faster than with 4096, docs/performance.md).
 * **stops**: the tokenizer's end-of-turn ids end a completion and are kept as its last id; a stop string
   ends it just after the string (no end token), as in ``TransformersPolicy``.
 * **prefix reuse**: prefix caching is on, so a task's G episodes and every turn of a conversation reuse the
@@ -48,6 +51,7 @@ INSTALL_HINT = (
     "docs/training.md"
 )
 DEFAULT_KV_CACHE_GIB = 2.0  # vLLM's CPU backend otherwise reserves 92% of the machine's memory
+CPU_STEP_TOKENS = 65536  # the engine's step on a CPU: a seeded batch of many episodes' prompts in one part
 
 
 def _import_vllm() -> Any:
@@ -106,6 +110,10 @@ class VLLMPolicy:
         }
         if max_context is not None:
             settings["max_model_len"] = max_context
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            settings["max_num_batched_tokens"] = CPU_STEP_TOKENS
         settings.update(engine_kwargs or {})
         try:
             llm = vllm.LLM(**settings)
