@@ -346,6 +346,59 @@ def test_experiment_runs_its_stages_in_worker_processes_each_after_what_it_start
     assert len(json.loads((tmp_path / "experiment.json").read_text())["records"]) == 4
 
 
+@pytest.mark.slow
+def test_stopping_an_experiment_stops_its_workers(tmp_path):
+    """SIGKILL to ``envace experiment``: its worker processes end too (Linux), instead of training on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the workers follow their parent on Linux only")
+    script = (
+        "from envace_gym.recipes.experiment import ExperimentConfig, run_experiment\n"
+        "if __name__ == '__main__':\n"
+        f"    run_experiment(ExperimentConfig(domain='lights:easy', output_dir={str(tmp_path)!r}, seeds=[0, 1], "
+        "conditions=['sft'], sft_tasks=4, sft_steps=100000, max_new_tokens=8, workers=2))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def workers() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+            except (OSError, ValueError):
+                continue
+            if entry.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == parent.pid and b"spawn_main" in cmdline:
+                found.append(int(entry))
+        return found
+
+    started: list[int] = []
+    try:
+        deadline = time.time() + 120
+        while not all((tmp_path / f"seed-{s}" / "sft").is_dir() for s in (0, 1)):  # both workers in a stage
+            assert parent.poll() is None and time.time() < deadline, "the experiment did not start its stages"
+            time.sleep(0.5)
+        started = workers()
+        assert len(started) == 2
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 30
+        while any(os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]
+                  for pid in started):  # fmt: skip
+            assert time.time() < deadline, "a worker went on after its experiment was killed"
+            time.sleep(0.2)
+    finally:
+        parent.kill()
+        for pid in started or workers():
+            if os.path.exists(f"/proc/{pid}"):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_train_top_layers_leaves_the_top_layers_and_the_final_norm_trainable():
     from envace_gym.training.options import train_top_layers
 

@@ -325,7 +325,25 @@ def _run_in_workers(
 def _worker_init(threads: int) -> None:
     import torch
 
+    _end_with_parent()
     torch.set_num_threads(threads)
+
+
+def _end_with_parent() -> None:
+    """Linux: this process is sent SIGTERM when the one that started it ends, so that a stopped experiment
+    (SIGTERM or SIGKILL to ``envace experiment``) leaves no worker training on, writing into its stage."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+PR_SET_PDEATHSIG = 1  # prctl's option number (linux/prctl.h)
 
 
 def _stage_job(config: ExperimentConfig, start: str, budget: int, seed: int, condition: str) -> dict[str, Any]:
