@@ -409,6 +409,41 @@ def test_train_top_layers_leaves_the_top_layers_and_the_final_norm_trainable():
     assert all(p.requires_grad for p in train_top_layers(tiny_policy(seed=7).model, None).parameters())
 
 
+def test_recomputing_layers_gives_the_same_gradients_and_the_experiment_asks_for_it(tmp_path, monkeypatch):
+    from envace_gym.recipes.experiment import run_experiment
+    from envace_gym.training import options
+    from envace_gym.training.packing import checkpoints_layers
+    from envace_gym.training.trainer import grpo_loss
+
+    config = TrainerConfig(domain="units", max_new_tokens=6, dtype="float32", on_invalid="feedback")
+    units = make_domain("units")
+    batch = collect_rollouts(tiny_policy(seed=7), units, units.tasks("train")[:2], 2, on_invalid="feedback")
+    rows = [s for s in batch.samples() if any(s.mask)]
+    advantages = [(-1.0) ** i for i in range(len(rows))]  # any non-zero advantages: a gradient to compare
+    grads = []
+    for recompute in (False, True):
+        model = tiny_policy(seed=7).model
+        if recompute:
+            options.enable_checkpointing(model)
+        assert checkpoints_layers(model) == recompute
+        model.train()
+        loss, _ = grpo_loss(model, rows, advantages, config, sum(sum(r.mask) for r in rows))
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert grads[0].abs().sum() > 0 and torch.allclose(grads[0], grads[1], atol=1e-6)
+
+    from envace_gym.training import sft
+
+    asked = []
+    for module in (options, sft):
+        monkeypatch.setattr(module, "enable_checkpointing", lambda model: asked.append(model) or model)
+    run_experiment(ExperimentConfig(
+        domain="lights:easy", output_dir=str(tmp_path), seeds=[0], sft_tasks=4, sft_steps=1, rl_steps=1,
+        tasks_per_step=1, group_size=2, eval_tasks=1, max_new_tokens=8, conditions=["sft", "sft+envace-separate"],
+    ), log=lambda _: None)  # fmt: skip
+    assert len(asked) == 2  # the SFT model and the RL stage's
+
+
 # -- validation tasks -----------------------------------------------------------------------------------------
 def test_evaluate_takes_its_tasks_and_names_their_split():
     from envace_gym.evaluation.evaluate import evaluate

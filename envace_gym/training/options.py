@@ -24,6 +24,17 @@ def checkpointing(on: bool) -> dict[str, bool]:
     return {"activation_checkpointing" if named else "gradient_checkpointing": on}
 
 
+def enable_checkpointing(model: Any) -> Any:
+    """Make ``model`` recompute its layers in the backward pass (the memory of one layer's activations instead
+    of all of them; the same gradients), under the method's name in the installed transformers. Returns it."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.20 and later
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
+
+
 def lora_config(r: int) -> Any:
     """peft's ``LoraConfig`` of rank ``r`` on every linear layer of a causal LM, with ``lora_alpha = 2r``."""
     if r < 1:
@@ -46,4 +57,4 @@ def train_top_layers(model: Any, layers: int | None) -> Any:
     return model
 
 
-__all__ = ["lora_config", "train_top_layers", "use_cpu"]
+__all__ = ["enable_checkpointing", "lora_config", "train_top_layers", "use_cpu"]

@@ -37,7 +37,7 @@ from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
 from ..policy.precision import autocast, resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
 from .model_card import BaseModelCardMixin
-from .options import checkpointing, lora_config, train_top_layers, use_cpu
+from .options import checkpointing, enable_checkpointing, lora_config, train_top_layers, use_cpu
 from .packing import DEFAULT_PACK_TOKENS, completion_scores, packing_support, unwrap
 from .state import load_state, save_state
 
@@ -342,13 +342,15 @@ def sft_steps(
     checkpoint_every: int = 50,
     log: Any = None,
     dtype: str | torch.dtype = "float32",
+    gradient_checkpointing: bool = False,
 ) -> list[dict[str, float]]:
     """SFT in plain torch, the loop :mod:`envace_gym.training.trainer` uses for RL: ``steps`` AdamW steps at a
     constant rate, each on ``batch_size`` rows drawn (seeded) from the :func:`sft_rows` of the first ``tasks``
     training tasks (of each domain, given several: their demonstrations pooled), loss = mean negative
     log-likelihood of the completion tokens (shared-prefix forward). The model goes to ``output_dir``. With ``checkpoint`` (a file) the state is saved every ``checkpoint_every``
     steps and a cut-off run resumes from it. ``dtype`` ``"bfloat16"`` (or ``"auto"`` where the hardware has native
-    bfloat16) runs the forward and backward under autocast. Returns one ``{"step", "loss"}`` per step."""
+    bfloat16) runs the forward and backward under autocast; ``gradient_checkpointing`` recomputes each layer in the
+    backward pass (less memory, the same gradients). Returns one ``{"step", "loss"}`` per step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .packing import completion_logprobs
@@ -357,6 +359,8 @@ def sft_steps(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
     train_top_layers(model, train_layers)
+    if gradient_checkpointing:
+        enable_checkpointing(model)
     rows = [row for dom in domains for row in sft_rows(dom, tokenizer, dom.tasks("train")[:tasks])]
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
     rng = np.random.default_rng(seed)
