@@ -5,7 +5,8 @@
     .venv-vllm/bin/python benchmarks/vllm_step.py --model runs/x/seed-0/sft/final --tasks 8 --group_size 8
 
 A seeded batch is submitted in parts whose prompts fit one engine step (see ``envace_gym.policy.vllm``); with
-a narrow step the parts run one after another, each decoding a few sequences. Needs ``make test-vllm``'s venv.
+a narrow step the parts run one after another, each decoding a few sequences. A wide step costs at start: the
+engine's warm-up runs a forward of a whole step; both costs are printed. Needs ``make test-vllm``'s venv.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def main() -> None:
     domain = make_domain(args.domain)
     tasks = domain.tasks("train")[-args.tasks :]
     sampling, rehearsal = rollout_sampling(args.max_new_tokens, 1.0)
-    engines = {
-        step: VLLMPolicy(model, dtype="float32", engine_kwargs={"max_num_batched_tokens": step})
-        for step in (VLLM_CPU_DEFAULT_STEP, CPU_STEP_TOKENS)
-    }
+    engines = {}
+    for step in (VLLM_CPU_DEFAULT_STEP, CPU_STEP_TOKENS):  # the engine's warm-up runs a forward of a whole step
+        started = time.perf_counter()
+        engines[step] = VLLMPolicy(model, dtype="float32", engine_kwargs={"max_num_batched_tokens": step})
+        print(f"engine with a {step}-token step started in {time.perf_counter() - started:.1f} s", flush=True)
     seconds: dict[int, float] = dict.fromkeys(engines, 0.0)
     for k in range(args.rounds):
         for step in engines if k % 2 == 0 else reversed(engines):
