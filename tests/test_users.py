@@ -461,3 +461,17 @@ def test_a_seed_gives_the_same_task_and_stream_once_a_task_is_known_too_long():
         _, info = knows.reset(seed=seed)
         assert info["task"]["id"] == fresh_info["task"]["id"] != "talk/001"
         assert knows.np_random.integers(2**31) == fresh.np_random.integers(2**31)
+
+
+def test_evaluation_counts_a_run_its_user_could_not_carry_on_as_failed_not_masked():
+    """τ²-Bench scores such a run 0; training masks it (not the agent's fault), evaluation must not drop it."""
+    from envace_gym.evaluation import evaluate
+
+    user = UserSimulator(ScriptedPolicy(lambda prompt: ""))  # an empty reply: unusable
+    agent = ScriptedPolicy(lambda prompt: "Which date?")
+    result = evaluate(agent, "travel", "test", num_tasks=2, fidelity=False, user=user)
+    assert (result.episodes, result.user_failures, result.masked_episodes) == (2, 2, 0)
+    assert result.success_rate == 0.0 and result.mean_reward == 0.0  # failures, not NaN from an empty denominator
+    assert all("the user's reply is empty" in r["user_error"] and r["reward"] == 0.0 for r in result.per_task)
+    batch = collect_rollouts(agent, "travel", ["travel/000"], user=user)  # training: masked
+    assert batch.episodes[0].reward is None and batch.episodes[0].user_error

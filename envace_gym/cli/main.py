@@ -198,8 +198,11 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"  pass^k             {', '.join(f'pass^{k} {v:.3f}' for k, v in result.pass_k.items())} "
                   f"({result.trials} trials per task)")  # fmt: skip
         if result.masked_episodes:
-            print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them, or a "
-                  "simulated user failed: out of the success rate and the reward)")  # fmt: skip
+            print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them: out "
+                  "of the success rate and the reward)")  # fmt: skip
+        if result.user_failures:
+            print(f"  user failures      {result.user_failures} (the simulated user's reply could not be used: "
+                  "failed runs, reward 0)")  # fmt: skip
         if result.skipped_tasks:
             print(f"  skipped tasks      {result.skipped_tasks} (their opening prompt does not fit the context)")
         if result.rehearsals:

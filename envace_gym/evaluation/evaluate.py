@@ -49,7 +49,8 @@ class EvalResult:
     mean_reward: float
     executor: str = "real"  # "cached" for a domain without real tools (reference results, else rehearsal)
     user: str = "scripted"  # who answered the agent's final answers: "scripted", "llm", or an endpoint URL
-    masked_episodes: int = 0  # the verifier, judge or simulated user failed them: out of success_rate and mean_reward
+    masked_episodes: int = 0  # the verifier or judge could not score them: out of success_rate and mean_reward
+    user_failures: int = 0  # the simulated user's reply could not be used: failed runs (reward 0), as τ²-Bench counts
     skipped_tasks: int = 0  # too long for the policy's context (TaskTooLongError): not played, not in `episodes`
     real_calls: int = 0  # calls that reached the real executor (the committed ones)
     act_tokens: int = 0  # tokens of the committed Act turns
@@ -144,7 +145,10 @@ def evaluate(
         user_model=user_model, rehearsal=replace(rehearsal, include_reference=False),
         progress=_pass_progress(progress, 0, total, f"episodes ({executor} execution)"),
     )  # fmt: skip
-    scored = [e for e in real.episodes if e.reward is not None]  # a masked episode is neither success nor failure
+    # A run its simulated user could not carry on is a failed run, as τ²-Bench counts it (training masks it
+    # instead: not the agent's fault, so no gradient); a verifier that cannot score masks it here too.
+    episodes = [replace(e, reward=0.0, success=False) if e.user_error else e for e in real.episodes]
+    scored = [e for e in episodes if e.reward is not None]  # a masked episode is neither success nor failure
     rewards = [e.reward for e in scored]
     by_task: dict[int, list[bool]] = {}
     for e in scored:
@@ -158,11 +162,14 @@ def evaluate(
         executor=executor,
         user=user if isinstance(user, str) else type(user).__name__,
         masked_episodes=len(real.episodes) - len(rewards),
+        user_failures=sum(1 for e in real.episodes if e.user_error),
         skipped_tasks=int(real.stats["skipped_tasks"]),
         trials=trials,
         pass_k={k: pass_hat_k(list(by_task.values()), k) for k in range(1, trials + 1)},
         per_task=[
-            {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns} for e in real.episodes
+            {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns,
+             **({"user_error": e.user_error} if e.user_error else {})}
+            for e in episodes
         ],
         real_calls=sum(sum(1 for c in e.calls if c["route"] == "real") for e in real.episodes),
         rehearsal_tokens=actor.stats["rehearsal_tokens"] if actor is not None else 0,
