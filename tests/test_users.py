@@ -475,3 +475,21 @@ def test_evaluation_counts_a_run_its_user_could_not_carry_on_as_failed_not_maske
     assert all("the user's reply is empty" in r["user_error"] and r["reward"] == 0.0 for r in result.per_task)
     batch = collect_rollouts(agent, "travel", ["travel/000"], user=user)  # training: masked
     assert batch.episodes[0].reward is None and batch.episodes[0].user_error
+
+
+def test_the_user_sees_the_agents_answers_only_not_its_reasoning_calls_or_errors():
+    """τ²-Bench shows its user the agent's message content: no <think> text, no malformed call's raw text, no tool
+    result and no error payload."""
+    user_model = ScriptedPolicy(lambda prompt: "###STOP###")
+    agent = ScriptedPolicy([
+        '<tool_call>{"name": "search_flights", "arguments": ',  # a malformed call: its text and error stay private
+        "<think>private plan</think>Which date would you like?",
+    ])  # fmt: skip
+    env = _env(UserSimulator(user_model), on_invalid="feedback")
+    env.reset(options={"task": "travel/000"})
+    env.step(agent.generate([()], SamplingParams())[0].text)
+    env.step(agent.generate([()], SamplingParams())[0].text)
+    (seen,) = user_model.prompts
+    assert "Which date would you like?" in seen
+    assert not any(s in seen for s in ("private plan", "search_flights", "INVALID_TOOL_CALL_FORMAT", "<think>"))
+    assert "search_flights" in json.dumps(env.episode.messages)  # the agent's own history keeps all of it

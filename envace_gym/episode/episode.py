@@ -40,7 +40,7 @@ from ..domains.task import Task
 from ..domains.trajectory import CallRecord, Trajectory
 from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, TaskTooLongError, ToolError, raised_at
 from ..parsing.act import RESULT_OPEN, parse_execution_result, parse_result_json
-from ..parsing.formats import tool_call_format
+from ..parsing.formats import strip_think, tool_call_format
 from ..policy.protocol import Generation
 from ..rehearsal.prompt import rehearsal_messages, rehearsal_prompt
 from ..rehearsal.routing import choose_route
@@ -146,6 +146,9 @@ class Episode:
         ids = self.chat.encode(text)
         self._refuse_if_too_long(len(text), tokens=len(ids))
         self.transcript = Transcript(messages, ids, text)
+        # What a simulated user sees, as in τ²-Bench: the user's own turns and the agent's answers without
+        # reasoning; never a call, its raw text when malformed, a tool's result nor an error.
+        self.user_view: list[dict[str, str]] = [messages[1]]
         if opening is not None and self.opening_error is None:
             self._keep_user_row(opening)
         self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
@@ -323,11 +326,14 @@ class Episode:
             self.transcript.said.append(parsed.content)
         if parsed.is_final_answer:
             self.answers.append(parsed.content)
+            self.user_view.append({"role": "assistant", "content": strip_think(parsed.content).strip()})
             if self.user is not None:
                 return (yield from self._simulated_user_turn(self.user, info))
             if not self.pending_user_turns:
                 return self._finish(info, terminated=True)
-            self._add_messages([{"role": "user", "content": self.pending_user_turns.pop(0)}])
+            turn = {"role": "user", "content": self.pending_user_turns.pop(0)}
+            self._add_messages([turn])
+            self.user_view.append(turn)
             self.user_turns += 1
             return self._continue(info)
 
@@ -377,7 +383,7 @@ class Episode:
         if self.user_turns >= self.config.max_user_turns:
             info["truncation"] = "max_user_turns"
             return self._finish(info, terminated=False)
-        (reply,) = yield [UserRequest(user, self.task, tuple(self.messages))]
+        (reply,) = yield [UserRequest(user, self.task, tuple(self.user_view))]
         info["user"] = _user_info(reply)
         self._keep_user_row(reply)
         if reply.error is not None:
@@ -388,6 +394,7 @@ class Episode:
         if reply.stop is not None:
             return self._finish(info, terminated=True)
         self._add_messages([{"role": "user", "content": reply.text}])
+        self.user_view.append({"role": "user", "content": reply.text})
         self.user_turns += 1
         return self._continue(info)
 

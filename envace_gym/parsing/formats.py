@@ -77,7 +77,7 @@ def _bad(text: str, calls: list[ToolCall], message: str, code: ErrorCode = Error
     return ParsedAct(text, "", tuple(calls), ToolError(code, message[:300]))
 
 
-def _strip_think(text: str) -> str:
+def strip_think(text: str) -> str:
     """``text`` without its leading reasoning: a ``<think>…</think>`` block, or the rest of one that the prompt
     opened (DeepSeek and Qwen3 thinking templates pre-fill ``<think>``)."""
     closing = text.find("</think>")
@@ -199,14 +199,14 @@ def _read_hermes(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAc
 
 
 def _read_qwen3(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-    return parse_act(_strip_think(text), limits)  # Hermes calls after the thinking block
+    return parse_act(strip_think(text), limits)  # Hermes calls after the thinking block
 
 
 _LLAMA_CALL = re.compile(r'[\[{]\s*(?:\{\s*)?"(?:name|type)"\s*:')
 
 
 def _read_llama3(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-    body = _strip_think(text).strip()
+    body = strip_think(text).strip()
     if not _LLAMA_CALL.match(body.removeprefix("<|python_tag|>").lstrip()):
         if "<|python_tag|>" in body:
             return _bad(text, [], "<|python_tag|> must open a JSON tool call")
@@ -217,7 +217,7 @@ def _read_llama3(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAc
 
 
 def _read_mistral(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-    body = _strip_think(text)
+    body = strip_think(text)
     head, found, rest = body.partition("[TOOL_CALLS]")
     if not found:
         return ParsedAct(text, body.strip())
@@ -262,7 +262,7 @@ def _tagged_pairs(text: str, key: tuple[str, str], value: tuple[str, str]) -> li
 
 
 def _read_glm45(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-    content, bodies, error = _blocks(_strip_think(text), "<tool_call>", "</tool_call>")
+    content, bodies, error = _blocks(strip_think(text), "<tool_call>", "</tool_call>")
     if error:
         return _bad(text, [], error)
     calls = _Calls(text, limits)
@@ -281,7 +281,7 @@ def _read_glm45(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct
 
 
 def _read_qwen3_xml(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-    content, bodies, error = _blocks(_strip_think(text), "<tool_call>", "</tool_call>")
+    content, bodies, error = _blocks(strip_think(text), "<tool_call>", "</tool_call>")
     if error:
         return _bad(text, [], error)
     calls = _Calls(text, limits)
@@ -361,7 +361,7 @@ _DS = {k: f"<｜tool▁{k}｜>" for k in ("calls▁begin", "calls▁end", "call�
 
 
 def _read_deepseekv3(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-    body = _strip_think(text)
+    body = strip_think(text)
     head, found, rest = body.partition(_DS["calls▁begin"])
     if not found:
         if _DS["call▁begin"] in body:
@@ -506,4 +506,4 @@ def tool_call_format(
     return detect_format(template)
 
 
-__all__ = ["FORMATS", "ToolCallFormat", "detect_format", "response_parser_format", "tool_call_format"]
+__all__ = ["FORMATS", "ToolCallFormat", "detect_format", "response_parser_format", "strip_think", "tool_call_format"]
