@@ -327,6 +327,22 @@ def test_experiment_runs_the_inline_and_frozen_simulator_conditions(tmp_path):
     assert records["sft"][0]["real_tool_executions"] > 0  # SFT's rows are laid out by replaying the references
 
 
+def test_an_rl_stage_saves_every_step_and_evaluates_every_eval_every(tmp_path, monkeypatch):
+    from envace_gym.recipes.experiment import run_experiment
+    from envace_gym.training import trainer
+
+    saved, save_state = [], trainer.save_state
+    monkeypatch.setattr(trainer, "save_state", lambda path, *a: saved.append(len(a[-1])) or save_state(path, *a))
+    config = ExperimentConfig(
+        domain="lights:easy", output_dir=str(tmp_path), seeds=[0], sft_tasks=4, sft_steps=1, rl_steps=3,
+        tasks_per_step=1, group_size=2, eval_tasks=1, eval_every=2, max_new_tokens=8,
+        conditions=["sft", "sft+envace-separate"],
+    )  # fmt: skip
+    (record,) = run_experiment(config, log=lambda _: None)["records"]["sft+envace-separate"].values()
+    assert saved == [1, 2, 3]  # a run cut off loses one step at most
+    assert [p["step"] for p in record["curve"]] == [0, 2, 3]
+
+
 @pytest.mark.slow
 def test_experiment_runs_its_stages_in_worker_processes_each_after_what_it_starts_from(tmp_path):
     from envace_gym.recipes.experiment import run_experiment

@@ -15,8 +15,8 @@ answer facts, no tool run, so EnvACE trains with zero real executions) and treat
 (``on_invalid``). Every ``eval_every`` steps the model is evaluated on held-out tasks with the **real**
 executor, greedy and sampled (T 0.6, top-p 0.95, the paper's), which draws the learning curve.
 
-Every stage resumes: a finished stage is skipped, an RL stage cut off continues from its last checkpoint,
-SFT from its own. A folder keeps the settings it was run with (``settings.json``): resuming it with settings
+Every stage resumes: a finished stage is skipped, an RL stage cut off continues from its last checkpoint
+(saved after every step), SFT from its own. A folder keeps the settings it was run with (``settings.json``): resuming it with settings
 that change results is refused, so a table never mixes runs. What was measured goes to
 ``output_dir/experiment.json``; the table to ``results_file`` and a learning-curve PNG beside it.
 """
@@ -133,7 +133,9 @@ class ExperimentConfig:
             "choices": EVAL_ON,
         },
     )
-    eval_every: int = field(default=10, metadata={"help": "Evaluate (and checkpoint) every this many RL steps."})
+    eval_every: int = field(
+        default=10, metadata={"help": "Evaluate every this many RL steps (every step is checkpointed)."}
+    )
     eval_temperature: float = field(default=0.6, metadata={"help": "Sampled evaluation: temperature (paper: 0.6)."})
     eval_top_p: float = field(default=0.95, metadata={"help": "Sampled evaluation: top-p (paper: 0.95)."})
     eval_seed: int = field(default=1234, metadata={"help": "Seed of the sampled evaluation (the same for all)."})
@@ -519,9 +521,13 @@ def _rl_stage(
         log(f"[seed {seed}] {condition}: step {m['step']}/{config.rl_steps}, reward {m['reward']:.3f}, success "
             f"{m['success']:.3f}, zero-variance groups {m['zero_std_groups']}, {m['seconds']:.0f} s")  # fmt: skip
 
+    def at_checkpoint(step: int) -> None:  # every step is saved (a run cut off loses one step at most)
+        if step % config.eval_every == 0 or step == config.rl_steps:
+            evaluate_now(step)
+
     history = train(
-        policy, trainer, progress, checkpoint=stage / "checkpoint.pt", checkpoint_every=config.eval_every,
-        on_checkpoint=evaluate_now, simulator=simulator, engine=engine,
+        policy, trainer, progress, checkpoint=stage / "checkpoint.pt", checkpoint_every=1,
+        on_checkpoint=at_checkpoint, simulator=simulator, engine=engine,
     )  # fmt: skip
     policy.model.save_pretrained(stage / "final")
     policy.tokenizer.save_pretrained(stage / "final")
