@@ -15,9 +15,9 @@ path runs on it unchanged:
   split across engine steps, and fails there; so on a CPU a seeded batch is submitted in parts whose prompts
   fit one step together (``max_num_batched_tokens``), and a prompt longer than that alone is sampled
   without its seed (with a warning, once). The step is widened on a CPU (``CPU_STEP_TOKENS`` unless
-  ``engine_kwargs`` sets it; vLLM's CPU default is 4096) so that a rollout batch is one part: a step bounds
-  what the engine admits, and with prefix caching it computes only the tokens not cached (measured: one
-  batch of 8 tasks x G=8 of the default model 1.75x faster than with 4096, docs/performance.md).
+  ``engine_kwargs`` sets it; vLLM's CPU default is 4096) so that a rollout batch is one part (measured: one
+  batch of 8 tasks x G=8 of the default model 1.75x faster than with 4096); the price is paid once, at start,
+  where the engine's warm-up runs a forward of a whole step (docs/performance.md).
 * **stops**: the tokenizer's end-of-turn ids end a completion and are kept as its last id; a stop string
   ends it just after the string (no end token), as in ``TransformersPolicy``.
 * **prefix reuse**: prefix caching is on, so a task's G episodes and every turn of a conversation reuse the
