@@ -3,8 +3,9 @@
 A scripted user replays the task's later user turns whatever the agent says. A :class:`UserSimulator` instead
 holds the task's scenario privately and answers each of the agent's text turns, seeing the conversation from
 its own side: its own messages as the assistant's, the agent's answers as the user's (their content only: no
-reasoning, no tool call, no malformed call's text, no tool result and no error), as τ² shows its user. It ends the conversation with one of :data:`STOP_MARKERS` (τ²'s protocol): ``###STOP###`` when the
-request is done or cannot be done, ``###TRANSFER###`` when it was handed to a human, ``###OUT-OF-SCOPE###`` when
+reasoning, no tool call, no malformed call's text, no tool result and no error), as τ² shows its user. It ends
+the conversation with one of :data:`STOP_MARKERS` (τ²'s protocol): ``###STOP###`` when the request is done or
+cannot be done, ``###TRANSFER###`` when it was handed to a human, ``###OUT-OF-SCOPE###`` when
 the scenario does not say what to answer. Where the task carries a scenario of its own (τ²-Bench's), the user
 also writes the conversation's first message, after the agent's greeting (:data:`OPENING`), as τ² does.
 

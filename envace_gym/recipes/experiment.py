@@ -16,9 +16,9 @@ answer facts, no tool run, so EnvACE trains with zero real executions) and treat
 executor, greedy and sampled (T 0.6, top-p 0.95, the paper's), which draws the learning curve.
 
 Every stage resumes: a finished stage is skipped, an RL stage cut off continues from its last checkpoint
-(saved after every step), SFT from its own. A folder keeps the settings it was run with (``settings.json``): resuming it with settings
-that change results is refused, so a table never mixes runs. What was measured goes to
-``output_dir/experiment.json``; the table to ``results_file`` and a learning-curve PNG beside it.
+(saved after every step), SFT from its own. A folder keeps the settings it was run with (``settings.json``):
+resuming it with settings that change results is refused, so a table never mixes runs. What was measured goes
+to ``output_dir/experiment.json``; the table to ``results_file`` and a learning-curve PNG beside it.
 """
 
 from __future__ import annotations
