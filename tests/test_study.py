@@ -4,6 +4,7 @@ groups, resumable training, the settings every condition shares, and the `lights
 from __future__ import annotations
 
 import json
+import sys
 
 import gymnasium as gym
 import pytest
@@ -363,16 +364,14 @@ def test_experiment_runs_its_stages_in_worker_processes_each_after_what_it_start
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the workers follow their parent on Linux only")
 def test_stopping_an_experiment_stops_its_workers(tmp_path):
     """SIGKILL to ``envace experiment``: its worker processes end too (Linux), instead of training on."""
     import os
     import signal
     import subprocess
-    import sys
     import time
 
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the workers follow their parent on Linux only")
     script = (
         "from envace_gym.recipes.experiment import ExperimentConfig, run_experiment\n"
         "if __name__ == '__main__':\n"
