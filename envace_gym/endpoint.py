@@ -15,7 +15,7 @@ import os
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 logger = logging.getLogger("envace_gym")
 Prompt = list[dict[str, str]]
@@ -44,7 +44,7 @@ class ChatEndpoint:
         max_concurrency: int = 8,
         temperature: float = 0.6,
         top_p: float = 0.8,
-        max_tokens: int = 256,
+        max_tokens: int | None = 256,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"an endpoint's base_url starts with http:// or https://, got {base_url!r}")
@@ -53,7 +53,9 @@ class ChatEndpoint:
         self.api_key = api_key if api_key is not None else os.environ.get("ENVACE_API_KEY") or None
         self.model, self.timeout = model, timeout
         self.max_concurrency = max_concurrency
-        self.params = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+        self.params: dict[str, Any] = {"temperature": temperature, "top_p": top_p}
+        if max_tokens is not None:  # None: no bound of ours, the server's own
+            self.params["max_tokens"] = max_tokens
 
     def _one(self, prompt: Prompt) -> str | None:
         body = json.dumps({"model": self.model, "messages": prompt, **self.params}).encode()
@@ -70,7 +72,7 @@ class ChatEndpoint:
             logger.warning("endpoint %s failed (%s: %s)", self.url, type(exc).__name__, exc)
             return None
         if choice.get("finish_reason") == "length":  # cut at max_tokens: a verdict or a message half-written
-            logger.warning("endpoint %s: the reply ran past max_tokens (%d)", self.url, self.params["max_tokens"])
+            logger.warning("endpoint %s: the reply ran past max_tokens (%s)", self.url, self.params.get("max_tokens"))
             return None
         return content if isinstance(content, str) else None
 

@@ -360,7 +360,12 @@ def test_episode_config_build_coerces_and_validates():
 
     config = EpisodeConfig.build(executor="real", rehearsal={"max_new_tokens": 7}, limits={"max_calls_per_turn": 2})
     assert config.rehearsal == RehearsalConfig(max_new_tokens=7) and config.limits == Limits(max_calls_per_turn=2)
-    assert EpisodeConfig.build() == EpisodeConfig() and EpisodeConfig().max_user_turns == MAX_USER_TURNS
+    assert EpisodeConfig.build() == EpisodeConfig() and EpisodeConfig().max_user_turns is None  # the protocol's
+    env = gym.make("EnvACE-Rehearsal-v0", domain="units", policy=ScriptedPolicy([]), executor="real").unwrapped
+    env.reset(seed=0)
+    assert env.episode.max_user_turns == MAX_USER_TURNS and env.episode.on_invalid == "terminate"
+    with pytest.raises(ValueError, match="max_steps must be at least 1"):
+        EpisodeConfig.build(max_steps=0)
     assert EpisodeConfig.build(rehearsal=RehearsalConfig(prefill=False)).rehearsal.prefill is False
     with pytest.raises(TypeError, match="unknown EpisodeConfig field"):
         EpisodeConfig.build(max_turnz=3)

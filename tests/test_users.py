@@ -161,7 +161,8 @@ def test_a_tau2_retail_episode_with_an_llm_user():
     task = env.episode.task
     scenario = task.expected["user_scenario"]
     assert "Known info" in scenario
-    opening = env.episode.messages[1]["content"]  # the user's own first message, not the scripted one
+    assert env.episode.messages[1] == {"role": "assistant", "content": OPENING}  # τ²: the greeting opens both views
+    opening = env.episode.messages[2]["content"]  # the user's own first message, not the scripted one
     assert opening != task.prompt or "user_opening_error" in info
     outcomes = [env.step("Could you give me your order number?")]
     while not (outcomes[-1][2] or outcomes[-1][3]):
@@ -184,7 +185,7 @@ def test_a_tau2_episode_with_a_simulated_user_is_scored_by_tau2s_evaluators():
                        user=UserSimulator(user)).unwrapped  # fmt: skip
         task = next(t for t in env.domain.tasks("train") if t.expected["communicate_info"])
         env.reset(seed=0, options={"task": task.id})
-        assert env.episode.messages[1]["content"] == "Hi, I need help with an order of mine."
+        assert env.episode.messages[2]["content"] == "Hi, I need help with an order of mine."
         assert task.expected["reward_basis"] == ["DB", "COMMUNICATE"] or sorted(task.expected["reward_basis"]) == [
             "COMMUNICATE", "DB"]  # fmt: skip
         told = " ".join(turn.content for turn in task.reference if not turn.calls)

@@ -156,12 +156,17 @@ def _eval(args: argparse.Namespace) -> int:
     if args.user == "rehearse":
         raise EnvACEError("--user rehearse trains the user's turns and evaluation trains nothing: use --user llm")
     try:
-        check_user(args.user, args.user_model)
+        check_user(args.user, args.user_model, args.user_temperature, args.user_max_tokens)
     except ValueError as exc:
-        raise EnvACEError(str(exc)) from None
+        raise EnvACEError(str(exc).replace("user_temperature", "--user-temperature")) from None
     if args.num_tasks < 1 or args.trials < 1 or min(args.budget) < 0 or args.horizon < 1:
         raise EnvACEError("--num-tasks, --trials and --horizon must be at least 1, --budget at least 0")
-    domain = make_domain(args.domain)  # an unknown domain fails before the model loads
+    if min(args.max_steps or 1, args.max_errors or 1) < 1:
+        raise EnvACEError("--max-steps and --max-errors must be at least 1")
+    if args.agent_prompt is not None and not args.domain.startswith("tau2:"):
+        raise EnvACEError("--agent-prompt chooses the agent's system prompt of a tau2:* domain")
+    # an unknown domain fails before the model loads
+    domain = make_domain(args.domain, **({"agent_prompt": args.agent_prompt} if args.agent_prompt else {}))
     policy = make_policy(args.model, backend=args.backend)
     runs = []
     settings = [(None, 0, None)]
@@ -182,6 +187,8 @@ def _eval(args: argparse.Namespace) -> int:
             policy, domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p, fidelity=not args.no_fidelity and not runs, planner=planner,
             seed=args.seed, progress=True, user=args.user, user_model=args.user_model, trials=args.trials,
+            user_temperature=args.user_temperature, user_max_tokens=args.user_max_tokens, max_steps=args.max_steps,
+            max_errors=args.max_errors,
         )  # fmt: skip
         runs.append(("plain acting" if planner is None else label, result))
         if args.out:  # after every setting, so a long table interrupted midway keeps what it measured
@@ -197,6 +204,7 @@ def _eval(args: argparse.Namespace) -> int:
         if result.trials > 1:
             print(f"  pass^k             {', '.join(f'pass^{k} {v:.3f}' for k, v in result.pass_k.items())} "
                   f"({result.trials} trials per task)")  # fmt: skip
+        print(f"  endings            {', '.join(f'{k} {v}' for k, v in sorted(result.terminations.items()))}")
         if result.masked_episodes:
             print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them: out "
                   "of the success rate and the reward)")  # fmt: skip
@@ -451,6 +459,30 @@ def build_parser() -> argparse.ArgumentParser:
         "(tau2-Bench's protocol), or an OpenAI-compatible endpoint (with --user-model)",
     )  # fmt: skip
     evaluate.add_argument("--user-model", default=None, help="the model name of an endpoint user (with --user URL)")
+    evaluate.add_argument(
+        "--user-temperature", type=float, default=None,
+        help="the simulated user's temperature (default: its protocol's: 0 for tau2:* as in tau2-Bench, else 0.7)",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--user-max-tokens", type=int, default=None,
+        help="the simulated user's reply budget, 0 for none but its context (default: its protocol's: none for "
+        "tau2:* as in tau2-Bench, else 128)",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--max-steps", type=int, default=None,
+        help="end a run with reward 0 after this many messages, counted as tau2-Bench counts them (default: 200 "
+        "for tau2:* with a simulated user, else none)",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--max-errors", type=int, default=None,
+        help="end a run with reward 0 after this many tool errors (default: 10 for tau2:* with a simulated user, "
+        "else none)",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--agent-prompt", choices=["envace", "tau2"], default=None,
+        help="a tau2:* domain's agent system prompt: a short instruction and the policy, or tau2-Bench's own agent "
+        "prompt (for figures beside tau2's) (default: envace)",
+    )  # fmt: skip
     evaluate.add_argument(
         "--rehearse", nargs="+", choices=["parallel", "sequential"], default=None,
         help="rehearse privately before each committed Act turn (one or both modes)",

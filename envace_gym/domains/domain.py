@@ -36,6 +36,9 @@ class Domain:
     description: str = ""
     system_prompt: str = "You are a helpful assistant. Use the tools when they help, then answer the user."
     max_turns: int = 12
+    # How a simulated user plays this domain's tasks (envace_gym.episode.users): "envace", or "tau2" (τ²-Bench's
+    # user, bounds and scoring)
+    user_protocol: str = "envace"
     executes_calls: bool = True  # False when the real executor only acknowledges calls (nothing to rehearse toward)
     # Tasks whose reference is known to be wrong upstream (a benchmark's data), with why: the domain check reports
     # their findings as warnings, not errors.

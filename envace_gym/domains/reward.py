@@ -19,10 +19,12 @@ from .trajectory import Trajectory
 
 @dataclass(frozen=True)
 class RewardResult:
-    """A reward with its reasons. ``score`` ``None`` means the verifier could not judge (masked, not 0)."""
+    """A reward with its reasons. ``score`` ``None`` means the verifier could not judge (masked, not 0); ``note``
+    says why, where the verifier knows (``info["reward_note"]``)."""
 
     score: float | None
     checks: Mapping[str, bool] = field(default_factory=dict)
+    note: str | None = None
 
     @property
     def success(self) -> bool:

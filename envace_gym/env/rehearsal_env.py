@@ -14,7 +14,7 @@ from ..domains.registry import make_domain
 from ..domains.task import Task
 from ..episode.driver import Actor, EpisodeDriver, StepCoroutine, open_session
 from ..episode.episode import Episode
-from ..episode.types import MAX_OBSERVATION_CHARS, MAX_USER_TURNS, EpisodeConfig
+from ..episode.types import MAX_OBSERVATION_CHARS, EpisodeConfig
 from ..episode.users import UserSimulator, check_user, make_user
 from ..errors import EnvACEError, TaskTooLongError
 from ..parsing.act import Limits
@@ -71,9 +71,11 @@ class RehearsalEnv(gym.Env[str, str]):
     ## Episode End
 
     Terminated: a final answer when no scripted user turn is left (with a simulated user: its stop marker), or
-    (``on_invalid="terminate"``) an invalid call. Truncated: ``max_turns`` Act turns, ``max_user_turns`` user
-    turns, the next prompt not fitting the policy's context or the observation space, or a simulated user's
-    reply that cannot be used (the reward is masked).
+    (``on_invalid="terminate"``) an invalid call, or ``max_errors`` tool errors (reward 0). Truncated: ``max_turns``
+    Act turns, ``max_user_turns`` user turns, ``max_steps`` messages (reward 0), the next prompt not fitting the
+    policy's context or the observation space, or a simulated user's reply that cannot be used (the reward is
+    masked). ``info["termination_reason"]`` names the end. Under a simulated user's ``"tau2"`` protocol (τ²-Bench's
+    domains) every end but the user's stop earns 0 and the bounds are τ²'s (:mod:`envace_gym.episode.users`).
 
     ## Info
 
@@ -98,8 +100,11 @@ class RehearsalEnv(gym.Env[str, str]):
     * ``rehearsal_mode``: ``"separate"`` (a fresh prompt per call with privileged reference results, the
       paper's) or ``"inline"`` (the policy writes the tool turn as a continuation of its own chat).
     * ``split``: ``"train"`` or ``"test"`` tasks.
-    * ``on_invalid``: ``"terminate"`` or ``"feedback"``.
-    * ``max_turns``, ``max_user_turns``: episode limits.
+    * ``on_invalid``: ``"terminate"`` or ``"feedback"``; ``None``: ``"terminate"``, or ``"feedback"`` under the
+      ``"tau2"`` protocol.
+    * ``max_turns``, ``max_user_turns``: episode limits (``None``: the domain's, 30; none under ``"tau2"``).
+    * ``max_steps``, ``max_errors``: τ²-Bench's bounds: messages (counted as its orchestrator counts them) and tool
+      errors before the episode ends with reward 0 (``None``: none; 200 and 10 under ``"tau2"``).
     * ``act_sampling``: :class:`SamplingParams` of :meth:`act` (its ``max_new_tokens`` is also reserved
       in the context guard).
     * ``rehearsal``: :class:`RehearsalConfig` of the Rehearse role.
@@ -115,7 +120,11 @@ class RehearsalEnv(gym.Env[str, str]):
       plays the user too), ``"rehearse"`` (as ``"llm"``, and the user's generations are training rows of role
       ``"user"``), an OpenAI-compatible endpoint URL (``user_model`` names its model), any
       :class:`~envace_gym.policy.Policy`, or a ``UserSimulator``. Where the task carries a scenario of its own
-      (τ²-Bench's), the simulated user also writes the first message, at :meth:`reset`.
+      (τ²-Bench's), the simulated user also writes the first message, at :meth:`reset`. The user plays under the
+      domain's protocol (``Domain.user_protocol``: ``"tau2"`` for τ²-Bench's domains), unless a ``UserSimulator``
+      names its own.
+    * ``user_temperature``, ``user_max_tokens``: the simulated user's sampling, in place of its protocol's
+      (``user_max_tokens=0``: no budget but its context).
     * ``render_mode``: ``"ansi"`` (returns the conversation) or ``"human"`` (prints it).
     """
 
@@ -129,10 +138,12 @@ class RehearsalEnv(gym.Env[str, str]):
         *,
         rehearsal_mode: str = "separate",
         split: str = "train",
-        on_invalid: str = "terminate",
+        on_invalid: str | None = None,
         p_real: float = 0.5,
         max_turns: int | None = None,
-        max_user_turns: int = MAX_USER_TURNS,
+        max_user_turns: int | None = None,
+        max_steps: int | None = None,
+        max_errors: int | None = None,
         act_sampling: SamplingParams | None = None,
         rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
         limits: Limits | None = None,
@@ -141,6 +152,8 @@ class RehearsalEnv(gym.Env[str, str]):
         reuse_kv: bool = True,
         user: Any = "scripted",
         user_model: str | None = None,
+        user_temperature: float | None = None,
+        user_max_tokens: int | None = None,
         render_mode: str | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -153,12 +166,15 @@ class RehearsalEnv(gym.Env[str, str]):
             on_invalid=on_invalid,
             max_turns=max_turns,
             max_user_turns=max_user_turns,
+            max_steps=max_steps,
+            max_errors=max_errors,
             rehearsal=rehearsal,
             limits=limits,
             tool_call_format=tool_call_format,
         )
-        check_user(user, user_model)
+        check_user(user, user_model, user_temperature, user_max_tokens)
         self._user_spec, self._user_model, self._user = user, user_model, None
+        self._user_sampling = {"temperature": user_temperature, "max_tokens": user_max_tokens}
         self.split = split
         self.act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
         self.render_mode = render_mode
@@ -184,7 +200,10 @@ class RehearsalEnv(gym.Env[str, str]):
     def user(self) -> UserSimulator | None:
         """The simulated user (built from ``user=`` on first use; ``None``: the task's scripted user turns)."""
         if self._user is None and self._user_spec not in (None, "scripted"):
-            self._user = make_user(self._user_spec, lambda: self.policy, self._user_model, self.act_sampling)
+            self._user = make_user(
+                self._user_spec, lambda: self.policy, self._user_model, self.act_sampling,
+                protocol=self.domain.user_protocol, **self._user_sampling,
+            )  # fmt: skip
         return self._user
 
     @property

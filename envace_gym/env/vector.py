@@ -65,7 +65,7 @@ class RehearsalVectorEnv(VectorEnv):
         self.policy = make_policy(policy)  # one model for all sub-envs: the same weights act and rehearse
         first = RehearsalEnv(self.domain, policy=self.policy, executor=executor, **env_kwargs)
         # one simulated user for all sub-envs, so that a round's user turns are one batch
-        shared = {**env_kwargs, "user": first.user, "user_model": None}
+        shared = {**env_kwargs, "user": first.user, "user_model": None, "user_temperature": None, "user_max_tokens": None}
         self.envs = [first] + [
             RehearsalEnv(self.domain, policy=self.policy, executor=executor, **shared) for _ in range(num_envs - 1)
         ]

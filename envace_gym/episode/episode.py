@@ -50,8 +50,18 @@ from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
 from .chat import ChatFormat
 from .transcript import Transcript
-from .types import MAX_OBSERVATION_CHARS, CallState, EpisodeConfig, GenerationRequest, Row, StepOutcome
-from .users import UserReply, UserRequest, UserSimulator
+from .types import (
+    MAX_OBSERVATION_CHARS,
+    MAX_USER_TURNS,
+    TAU2_MAX_ERRORS,
+    TAU2_MAX_STEPS,
+    CallState,
+    EpisodeConfig,
+    GenerationRequest,
+    Row,
+    StepOutcome,
+)
+from .users import OPENING, UserReply, UserRequest, UserSimulator
 
 logger = logging.getLogger("envace_gym")
 
@@ -61,6 +71,8 @@ Answer = Generation | UserReply
 StepCoroutine = Generator[list[Request], list[Answer], StepOutcome]
 
 NOTHING_MORE = "I have nothing more to do."  # the Act turn of a reference replay past the reference solution
+# Endings that cut an episode (gymnasium's truncated); the others terminate it.
+TRUNCATIONS = ("max_turns", "max_user_turns", "context")
 
 
 def render_for_model(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -130,16 +142,22 @@ class Episode:
                 raise DomainError(f"domain {domain.name!r} has no real executor; use executor='rehearsal' or 'cached'")
         self.cache = ReferenceCache(task.reference_pairs()) if config.executor == "cached" else None
         self.reference_pairs = task.reference_pairs()
-        self.max_turns = config.max_turns or domain.max_turns
+        self.protocol = (user.protocol if user is not None else None) or "envace"
+        self.on_invalid, self.max_turns, self.max_user_turns, self.max_steps, self.max_errors = _rules(
+            config, domain.max_turns, self.protocol
+        )
+        self.errors = 0  # tool errors so far (max_errors)
+        self.termination_reason: str | None = None  # why it ended, in τ²-Bench's words where τ² has them
         self.opening_error: str | None = None
         if opening is not None and not opening.text:
             self.opening_error = opening.error or f"the user ended the conversation ({opening.stop}) before it began"
             logger.warning("episode of %s opens with the task's prompt: %s", task.id, self.opening_error)
         first = opening.text if opening is not None and opening.text else task.prompt
-        messages = [
-            {"role": "system", "content": clean_text(task.system_prompt or domain.system_prompt)},
-            {"role": "user", "content": clean_text(first)},
-        ]
+        messages = [{"role": "system", "content": clean_text(task.system_prompt or domain.system_prompt)}]
+        if opening is not None and self.protocol == "tau2":  # τ²: the greeting the user answered opens both views
+            messages.append({"role": "assistant", "content": OPENING})
+        messages.append({"role": "user", "content": clean_text(first)})
+        self.steps = 1  # messages so far, as τ²-Bench counts them (max_steps): the user's first one
         # The conversation as ids: rendered and tokenized once here, then only appended to.
         text = self.chat.render(self._for_chat(messages), self.tools_openai)
         self._refuse_if_too_long(len(text), tokens=0)  # by its characters first: a text of any length is not tokenized
@@ -148,7 +166,7 @@ class Episode:
         self.transcript = Transcript(messages, ids, text)
         # What a simulated user sees, as in τ²-Bench: the user's own turns and the agent's answers without
         # reasoning; never a call, its raw text when malformed, a tool's result nor an error.
-        self.user_view: list[dict[str, str]] = [messages[1]]
+        self.user_view: list[dict[str, str]] = [messages[-1]]
         if opening is not None and self.opening_error is None:
             self._keep_user_row(opening)
         self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
@@ -242,7 +260,8 @@ class Episode:
         twin.transcript = self.transcript.fork()  # records only what happens in the copy
         twin.pending_user_turns, twin.scored, twin.done, twin.reward_result = [], False, False, None
         twin.user = None
-        twin.max_turns = self.turn + (config.max_turns or self.max_turns)
+        twin.on_invalid = config.on_invalid or self.on_invalid
+        twin.max_turns = self.turn + (config.max_turns or self.max_turns or self.domain.max_turns)
         if note is not None:
             twin.transcript.prompt_ids, twin.transcript.prompt_text = self.prompt_with_note(note)
         return twin
@@ -303,9 +322,10 @@ class Episode:
         ids, logprobs = self._act_ids(action, act, answered_by_tool)
         shown = self.chat.display(ids)
         if not self._fits(len(ids), len(shown)):  # the turn itself does not fit: nothing of it is kept
-            info["truncation"], info["act"] = "context", None
-            return self._finish(info, terminated=False)
+            info["act"] = None
+            return self._finish(info, "context")
         self.turn += 1
+        self.steps += 1
         self._record_act(ids, shown, logprobs, act, info)
         calls = [replace(c, id=f"call_{self.turn}_{i}") for i, c in enumerate(parsed.calls)]
         text = action[: self.config.limits.max_action_chars] if isinstance(action, str) else ""
@@ -316,6 +336,7 @@ class Episode:
         info["tool_calls"] = [c.to_json() for c in calls]
 
         if parsed.error is not None:  # a malformed turn: nothing of it is executed
+            self.steps += 1  # its error message answers it, as a tool's would
             self.records.append(CallRecord(self.turn, None, None, error=parsed.error, user_turn=self.user_turns))
             self._add_messages(
                 [{"role": self.chat.error_role, "name": "", "content": _dump(parsed.error.to_payload())}]
@@ -330,7 +351,7 @@ class Episode:
             if self.user is not None:
                 return (yield from self._simulated_user_turn(self.user, info))
             if not self.pending_user_turns:
-                return self._finish(info, terminated=True)
+                return self._finish(info, "agent_stop")
             turn = {"role": "user", "content": self.pending_user_turns.pop(0)}
             self._add_messages([turn])
             self.user_view.append(turn)
@@ -343,7 +364,8 @@ class Episode:
             for state in states:
                 state.error = self.registry.validate(state.call, self.whitelist).error
         invalid = [s.error for s in states if s.error is not None]
-        if invalid and self.config.on_invalid == "terminate":
+        self.steps += 1  # the tool responses to the turn's calls: one message, as τ² counts them
+        if invalid and self.on_invalid == "terminate":
             self.records.extend(
                 CallRecord(self.turn, s.call, None, error=s.error, user_turn=self.user_turns) for s in states
             )
@@ -353,9 +375,11 @@ class Episode:
             )
             return self._after_errors(invalid, info)
 
+        failures = getattr(self.executor, "failures", 0)
         for state in states:
             if state.error is None:
                 self._answer_without_model(state)
+        self.errors += getattr(self.executor, "failures", 0) - failures  # a tool that refused (ToolFailure)
 
         if self.config.rehearsal_mode == "separate":
             pending = [s for s in states if s.route == "rehearsal"]
@@ -380,19 +404,23 @@ class Episode:
         """The simulated user answers the agent's final answer: a message (context, never trained as the agent's), a
         stop marker (the end: the reward is scored), or a reply that cannot be used (the end, masked: not the agent's
         fault)."""
-        if self.user_turns >= self.config.max_user_turns:
-            info["truncation"] = "max_user_turns"
-            return self._finish(info, terminated=False)
+        if self.max_user_turns is not None and self.user_turns >= self.max_user_turns:
+            return self._finish(info, "max_user_turns")
+        bound = self._bound()  # τ² checks its bounds before the user answers, too
+        if bound is not None:
+            return self._end_at_bound(bound, info)
         (reply,) = yield [UserRequest(user, self.task, tuple(self.user_view))]
+        self.steps += 1
         info["user"] = _user_info(reply)
         self._keep_user_row(reply)
         if reply.error is not None:
             logger.warning("episode of %s masked: %s", self.task.id, reply.error)
-            self.done, self.reward_result = True, RewardResult(None, {})
+            self.done, self.reward_result, self.termination_reason = True, RewardResult(None, {}), "user_error"
             info["user_error"] = reply.error
             return self._outcome(0.0, False, True, info)
         if reply.stop is not None:
-            return self._finish(info, terminated=True)
+            bound = self._bound()  # τ²'s bound check follows the stop and overrides it
+            return self._end_at_bound(bound, info) if bound is not None else self._finish(info, "user_stop")
         self._add_messages([{"role": "user", "content": reply.text}])
         self.user_view.append({"role": "user", "content": reply.text})
         self.user_turns += 1
@@ -518,7 +546,7 @@ class Episode:
                 retry = error is not None and error.code is ErrorCode.RESULT_SCHEMA_MISMATCH
                 if not (retry and attempt < cfg.returns_resamples):
                     break  # a rejected sample is dropped from the chat; the last one stays, good or bad
-            if error is not None and error.details.get("ends_turn") and self.config.on_invalid == "feedback":
+            if error is not None and error.details.get("ends_turn") and self.on_invalid == "feedback":
                 # Never let a token that opens or ends a turn into a chat that goes on: the error replaces the
                 # response (with "terminate" the episode ends here and the row keeps what was generated).
                 self.messages.append(self._tool_message(call, error.to_payload()))
@@ -533,7 +561,7 @@ class Episode:
             else:
                 state.error = error
             self._append_text(rest)
-            if error is not None and self.config.on_invalid == "terminate":
+            if error is not None and self.on_invalid == "terminate":
                 return  # the episode ends here; nothing more is generated
 
     def _read_inline(self, gen: Generation, closing: str, after: str) -> tuple[str, str, ToolError | None]:
@@ -681,10 +709,17 @@ class Episode:
     # -- a turn undone ---------------------------------------------------------------------------------
     def _checkpoint(self) -> tuple[Any, ...]:
         """What a turn changes, as it was before the turn: the transcript's mark and the episode's counters."""
-        return self.transcript.mark(), list(self.pending_user_turns), self.user_turns, self.turn
+        return (
+            self.transcript.mark(),
+            list(self.pending_user_turns),
+            self.user_turns,
+            self.turn,
+            self.steps,
+            self.errors,
+        )
 
     def _abort(self, saved: tuple[Any, ...], exc: Exception) -> StepOutcome:
-        mark, self.pending_user_turns, self.user_turns, self.turn = saved
+        mark, self.pending_user_turns, self.user_turns, self.turn, self.steps, self.errors = saved
         self.transcript.rollback(mark)
         error = ToolError(
             ErrorCode.ENVIRONMENT_ERROR,
@@ -693,33 +728,61 @@ class Episode:
             source="environment",
         )
         logger.warning("episode of %s ended: %s", self.task.id, error.message, exc_info=exc)
-        self.done, self.reward_result = True, RewardResult(None, {})
+        self.done, self.reward_result, self.termination_reason = True, RewardResult(None, {}), "environment_error"
         info = {"tool_calls": [], "calls": [], "rehearsals": [], "error": error.to_dict(), "act": None}
         return self._outcome(0.0, False, True, info)
 
     # -- endings --------------------------------------------------------------------------------------
     def _after_errors(self, errors: list[ToolError], info: dict[str, Any]) -> StepOutcome:
         info["error"] = errors[0].to_dict()
-        if self.config.on_invalid == "terminate":
-            self.done = True
+        self.errors += len(errors)
+        if self.on_invalid == "terminate":
+            self.done, self.termination_reason = True, "invalid_call"
             self.reward_result = RewardResult(0.0, {"no_invalid_call": False})
             return self._outcome(0.0, True, False, info)
         return self._continue(info)
 
     def _continue(self, info: dict[str, Any]) -> StepOutcome:
-        if self.turn >= self.max_turns or self.user_turns > self.config.max_user_turns:
-            info["truncation"] = "max_turns" if self.turn >= self.max_turns else "max_user_turns"
-            return self._finish(info, terminated=False)
+        bound = self._bound()
+        if bound is not None:
+            return self._end_at_bound(bound, info)
+        if self.max_turns is not None and self.turn >= self.max_turns:
+            return self._finish(info, "max_turns")
+        if self.max_user_turns is not None and self.user_turns > self.max_user_turns:
+            return self._finish(info, "max_user_turns")
         if self._overflowed or len(self.prompt_ids) + self.act_max_new_tokens > self.max_context:
-            info["truncation"] = "context"
-            return self._finish(info, terminated=False)
+            return self._finish(info, "context")
         return self._outcome(0.0, False, False, info)
 
-    def _finish(self, info: dict[str, Any], *, terminated: bool) -> StepOutcome:
-        """The end: the domain's reward over the whole trajectory (also when truncated)."""
-        self.done = True
+    def _bound(self) -> str | None:
+        """τ²-Bench's bound the episode has reached, as its orchestrator checks them (errors last, so they win)."""
+        reached = None
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            reached = "max_steps"
+        if self.max_errors is not None and self.errors >= self.max_errors:
+            reached = "too_many_errors"
+        return reached
+
+    def _end_at_bound(self, reason: str, info: dict[str, Any]) -> StepOutcome:
+        """τ²'s premature end: reward 0, whatever was done (a step bound truncates; too many errors terminate)."""
+        self.done, self.termination_reason = True, reason
+        self.reward_result = RewardResult(0.0, {})
+        if reason == "max_steps":
+            info["truncation"] = reason
+        return self._outcome(0.0, reason != "max_steps", reason == "max_steps", info)
+
+    def _finish(self, info: dict[str, Any], reason: str) -> StepOutcome:
+        """The end: the domain's reward over the whole trajectory, also when truncated (``reason`` is one of
+        :data:`TRUNCATIONS`), except under the τ² protocol, which gives any end but a stop 0, as τ² does."""
+        self.done, self.termination_reason = True, reason
+        terminated = reason not in TRUNCATIONS
+        if not terminated:
+            info["truncation"] = reason
         if not self.scored:
             self.reward_result = RewardResult(None, {})
+            return self._outcome(0.0, terminated, not terminated, info)
+        if self.protocol == "tau2" and not terminated:
+            self.reward_result = RewardResult(0.0, {})
             return self._outcome(0.0, terminated, not terminated, info)
         try:
             if self.config.reward == "reference":  # no tool runs: the reward an executor-free run trains on
@@ -735,11 +798,35 @@ class Episode:
 
     def _outcome(self, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepOutcome:
         info.update(self.base_info())
+        if self.done:
+            info["termination_reason"] = self.termination_reason
         if self.done and self.reward_result is not None:
             info["reward_checks"] = dict(self.reward_result.checks)
             info["reward_masked"] = self.reward_result.score is None
+            if self.reward_result.note:
+                info["reward_note"] = self.reward_result.note
             info["success"] = self.reward_result.success
         return StepOutcome(self.prompt_text, reward, terminated, truncated, info)
+
+
+def _rules(
+    config: EpisodeConfig, domain_max_turns: int, protocol: str
+) -> tuple[str, int | None, int | None, int | None, int | None]:
+    """``on_invalid``, ``max_turns``, ``max_user_turns``, ``max_steps`` and ``max_errors`` of an episode: the
+    config's where it sets them, else the protocol's (τ²'s: its error feedback and its two bounds, and no turn
+    bound of its own)."""
+    tau2 = protocol == "tau2"
+    on_invalid = config.on_invalid or ("feedback" if tau2 else "terminate")
+    if tau2 and on_invalid != "feedback":
+        raise ValueError(
+            "under the τ² protocol a tool error is answered and the episode goes on (its max_errors ends it): "
+            "on_invalid='terminate' is not τ²'s; use on_invalid='feedback' (or None), or a user with protocol='envace'"
+        )
+    if tau2:
+        return on_invalid, config.max_turns, config.max_user_turns, config.max_steps or TAU2_MAX_STEPS, (
+            config.max_errors or TAU2_MAX_ERRORS)  # fmt: skip
+    max_user_turns = config.max_user_turns if config.max_user_turns is not None else MAX_USER_TURNS
+    return on_invalid, config.max_turns or domain_max_turns, max_user_turns, config.max_steps, config.max_errors
 
 
 def _user_info(reply: UserReply) -> dict[str, Any]:

@@ -17,7 +17,9 @@ from ..tools.schema import ToolCall
 ON_INVALID = ("terminate", "feedback")
 REWARDS = ("domain", "reference")
 REHEARSAL_MODES = ("separate", "inline")
-MAX_USER_TURNS = 30  # the default of every entry point that plays episodes
+MAX_USER_TURNS = 30  # the default of every entry point that plays episodes ("envace" protocol)
+TAU2_MAX_STEPS = 200  # τ²-Bench's bounds (its DEFAULT_MAX_STEPS, DEFAULT_MAX_ERRORS): the "tau2" protocol's
+TAU2_MAX_ERRORS = 10
 MAX_OBSERVATION_CHARS = 1_000_000  # the bound of RehearsalEnv's observation space: no conversation grows past it
 
 
@@ -31,9 +33,17 @@ class EpisodeConfig:
             continues its own chat in the tool role).
         p_real: With ``"mixed"``, the probability that a call goes to the real executor.
         on_invalid: ``"terminate"`` (the paper: the episode ends with reward 0) or ``"feedback"`` (the
-            typed error becomes the tool's response and the episode goes on).
-        max_turns: Most Act turns before truncation (``None``: the domain's own limit).
-        max_user_turns: Most user turns before truncation.
+            typed error becomes the tool's response and the episode goes on). ``None``: ``"terminate"``, and
+            ``"feedback"`` under a simulated user's ``"tau2"`` protocol (τ² answers an error and goes on; it
+            refuses ``"terminate"``).
+        max_turns: Most Act turns before truncation (``None``: the domain's own limit; none under ``"tau2"``).
+        max_user_turns: Most user turns before truncation (``None``: :data:`MAX_USER_TURNS`; none under ``"tau2"``).
+        max_steps: Most messages, counted as τ²-Bench's orchestrator counts them (each user message, agent
+            message and batch of tool responses is one), before the episode ends with reward 0 (termination
+            reason ``"max_steps"``). ``None``: no bound, and :data:`TAU2_MAX_STEPS` under ``"tau2"``.
+        max_errors: Most tool errors (invalid or malformed calls, failed or rehearsed errors) before the episode
+            ends with reward 0 (``"too_many_errors"``). ``None``: no bound, and :data:`TAU2_MAX_ERRORS` under
+            ``"tau2"``.
         rehearsal: How the Rehearse role is prompted and sampled.
         limits: Bounds on Act turns and JSON.
         reward: ``"domain"`` (the domain's own score, e.g. ``bank``'s final ledger, which replays the calls into
@@ -48,9 +58,11 @@ class EpisodeConfig:
     executor: str = "rehearsal"
     rehearsal_mode: str = "separate"
     p_real: float = 0.5
-    on_invalid: str = "terminate"
+    on_invalid: str | None = None
     max_turns: int | None = None
-    max_user_turns: int = MAX_USER_TURNS
+    max_user_turns: int | None = None
+    max_steps: int | None = None
+    max_errors: int | None = None
     rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
     limits: Limits = DEFAULT_LIMITS
     tool_call_format: str | None = None
@@ -68,8 +80,12 @@ class EpisodeConfig:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
         if self.rehearsal_mode not in REHEARSAL_MODES:
             raise ValueError(f"rehearsal_mode must be one of {REHEARSAL_MODES}, got {self.rehearsal_mode!r}")
-        if self.on_invalid not in ON_INVALID:
-            raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
+        if self.on_invalid is not None and self.on_invalid not in ON_INVALID:
+            raise ValueError(f"on_invalid must be one of {ON_INVALID} or None, got {self.on_invalid!r}")
+        for name in ("max_turns", "max_user_turns", "max_steps", "max_errors"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 or None, got {value}")
         if not 0.0 <= self.p_real <= 1.0:
             raise ValueError(f"p_real must be in [0, 1], got {self.p_real}")
 

@@ -9,6 +9,16 @@ cannot be done, ``###TRANSFER###`` when it was handed to a human, ``###OUT-OF-SC
 the scenario does not say what to answer. Where the task carries a scenario of its own (τ²-Bench's), the user
 also writes the conversation's first message, after the agent's greeting (:data:`OPENING`), as τ² does.
 
+Two protocols (:data:`PROTOCOLS`), named by ``UserSimulator(protocol=...)``; a domain names its own default
+(``Domain.user_protocol``):
+
+* ``"tau2"`` (τ²-Bench's domains): τ²'s own user, word for word. The system prompt is τ²'s simulation guidelines,
+  read from the installed τ² package at run time, with the scenario in ``<scenario>`` tags; the user replies greedily
+  (temperature 0) with no budget of its own (what its model's context leaves); the greeting opens the agent's
+  history too; the episode runs under τ²'s bounds and scoring (:mod:`envace_gym.episode.episode`).
+* ``"envace"``: this project's looser protocol for its own domains: a short instruction (:data:`INSTRUCTIONS`),
+  sampled replies (:data:`USER_SAMPLING`), the agent's Act-turn bound.
+
 The user is a participant, like the policy: an episode asks for its turn with a :class:`UserRequest`, the
 :class:`~envace_gym.episode.driver.EpisodeDriver` gathers the requests of a round and asks each simulator once
 (:meth:`UserSimulator.respond`), and the episode gets a :class:`UserReply` back. Its turns enter the agent's
@@ -20,14 +30,18 @@ policy rehearses its users: each of their generations is also a training row of 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..domains.task import Task
 from ..endpoint import ChatBackend, ChatEndpoint
+from ..errors import DomainError
 from ..policy.protocol import Generation, Policy, SamplingParams
 from ..text import clean_text
 from .chat import ChatFormat
@@ -45,7 +59,30 @@ not answer, reply with only ###OUT-OF-SCOPE###.
 Your scenario:
 {scenario}"""
 USERS = ("scripted", "llm", "rehearse")  # the named settings of ``user=``; a URL is an endpoint
-USER_SAMPLING = SamplingParams(max_new_tokens=128, temperature=0.7)  # a simulated user's turns, by default
+PROTOCOLS = ("envace", "tau2")
+TAU2_GUIDELINES = "data/tau2/user_simulator/simulation_guidelines.md"  # inside the τ² package
+NO_BUDGET = 0  # a user's max_new_tokens that means "no budget of its own": what its model's context leaves
+USER_SAMPLING = SamplingParams(max_new_tokens=128, temperature=0.7)  # a simulated user's turns under "envace"
+TAU2_USER_SAMPLING = SamplingParams(max_new_tokens=NO_BUDGET, temperature=0.0)  # τ²'s: greedy, no reply budget
+
+
+@functools.cache
+def tau2_instructions() -> str:
+    """τ²-Bench's user system prompt with ``{scenario}`` where the scenario goes: its simulation guidelines file,
+    read from the installed τ² package (never copied here), then the scenario in ``<scenario>`` tags, laid out
+    as τ²'s ``UserSimulator.system_prompt`` lays it out."""
+    spec = importlib.util.find_spec("tau2")
+    if spec is None or not spec.submodule_search_locations:
+        raise DomainError("the τ² protocol reads τ²-Bench's user guidelines from its package: run `make benchmarks`")
+    path = Path(next(iter(spec.submodule_search_locations))) / TAU2_GUIDELINES
+    try:
+        guidelines = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DomainError(
+            f"τ²-Bench's user guidelines cannot be read ({exc}); reinstall it: `make benchmarks`"
+        ) from exc
+    # τ²'s layout: f"{guidelines}\n\n<scenario>\n{scenario}\n</scenario>".strip()
+    return f"{guidelines.lstrip()}\n\n<scenario>\n{{scenario}}\n</scenario>"
 
 
 def own_scenario(task: Task) -> str | None:
@@ -99,24 +136,51 @@ class UserSimulator:
             :class:`~envace_gym.endpoint.ChatEndpoint` (its own sampling settings apply; a request that fails is
             an unusable reply).
         sampling: How a policy samples the user's turns (its ``max_new_tokens`` bounds a turn: a reply cut there
-            is refused).
-        instructions: The system prompt; ``{scenario}`` is replaced by :func:`task_scenario`'s text.
+            is refused; :data:`NO_BUDGET`: no bound but its model's context). ``None``: the protocol's
+            (:data:`USER_SAMPLING`, :data:`TAU2_USER_SAMPLING`).
+        instructions: The system prompt; ``{scenario}`` is replaced by :func:`task_scenario`'s text. ``None``: the
+            protocol's (:data:`INSTRUCTIONS`; τ²'s guidelines, :func:`tau2_instructions`).
         trained: The policy rehearses its users: each user generation is a training row of role ``"user"``
             (``user="rehearse"``; ``model`` must be the policy being trained).
+        protocol: ``"envace"`` or ``"tau2"`` (see the module's docstring): the user's defaults here, and the rules
+            of the episodes it plays. ``None``: the domain's (``Domain.user_protocol``), once it plays one.
     """
 
     model: Policy | ChatBackend
-    sampling: SamplingParams = USER_SAMPLING
-    instructions: str = INSTRUCTIONS
+    sampling: SamplingParams | None = None
+    instructions: str | None = None
     trained: bool = False
+    protocol: str | None = None
 
     def __post_init__(self) -> None:
-        if "{scenario}" not in self.instructions:
+        if self.protocol is not None and self.protocol not in PROTOCOLS:
+            raise ValueError(f"a user's protocol is one of {PROTOCOLS} or None (the domain's), got {self.protocol!r}")
+        if self.instructions is not None and "{scenario}" not in self.instructions:
             raise ValueError("UserSimulator.instructions must hold '{scenario}', where the task's scenario goes")
+        if self.sampling is not None and self.sampling.max_new_tokens < 0:
+            raise ValueError(f"a user's max_new_tokens is positive, or {NO_BUDGET} for no budget of its own")
         if not isinstance(self.model, Policy) and not callable(getattr(self.model, "complete", None)):
             raise TypeError(f"a UserSimulator's model is a Policy or a chat backend, got {type(self.model).__name__}")
         if self.trained and not isinstance(self.model, Policy):
             raise ValueError("a trained user (user='rehearse') is played by the policy itself, not an endpoint")
+
+    def for_protocol(self, protocol: str) -> UserSimulator:
+        """This user, playing under ``protocol`` where it names none itself."""
+        return self if self.protocol is not None else replace(self, protocol=protocol)
+
+    @property
+    def reply_sampling(self) -> SamplingParams:
+        """How its turns are sampled: its own ``sampling``, else its protocol's."""
+        if self.sampling is not None:
+            return self.sampling
+        return TAU2_USER_SAMPLING if self.protocol == "tau2" else USER_SAMPLING
+
+    @property
+    def system_template(self) -> str:
+        """Its system prompt with ``{scenario}`` to fill: its own ``instructions``, else its protocol's."""
+        if self.instructions is not None:
+            return self.instructions
+        return tau2_instructions() if self.protocol == "tau2" else INSTRUCTIONS
 
     @property
     def in_process(self) -> bool:
@@ -131,7 +195,7 @@ class UserSimulator:
         """The conversation as the user sees it: the scenario, the agent's greeting, then its own turns as the
         assistant's and the agent's text turns as the user's (tool calls, tool results and the agent's system prompt
         left out)."""
-        seen = [{"role": "system", "content": self.instructions.replace("{scenario}", task_scenario(task))},
+        seen = [{"role": "system", "content": self.system_template.replace("{scenario}", task_scenario(task))},
                 {"role": "user", "content": OPENING}]  # fmt: skip
         for message in conversation:
             role, content = message.get("role"), message.get("content")
@@ -157,11 +221,13 @@ class UserSimulator:
             prompts = [self.messages(r.task, r.conversation) for r in requests]
             return [self.read_text(text) for text in self.model.complete(prompts)]  # type: ignore[union-attr]
         policy: Policy = self.model  # type: ignore[assignment]
+        sampling = self.reply_sampling
         prompts = [self.prompt_ids(r.task, r.conversation) for r in requests]
-        room = policy.max_context - self.sampling.max_new_tokens
+        budget = sampling.max_new_tokens
+        reserve = 1 if budget == NO_BUDGET else budget  # the least room a reply needs
         out: list[UserReply | None] = [
             None
-            if len(p) <= room
+            if len(p) + reserve <= policy.max_context
             else UserReply(
                 error=f"the user's prompt ({len(p)} tokens) and reply do not fit its "
                 f"model's context ({policy.max_context})"
@@ -170,9 +236,9 @@ class UserSimulator:
         ]
         todo = [i for i, reply in enumerate(out) if reply is None]
         if todo:
-            params = (
-                self.sampling if self.sampling.seed is not None else self.sampling.with_seed(int(rng.integers(2**31)))
-            )
+            if budget == NO_BUDGET:  # a batch shares one bound: what the context leaves after its longest prompt
+                sampling = replace(sampling, max_new_tokens=policy.max_context - max(len(prompts[i]) for i in todo))
+            params = sampling if sampling.seed is not None else sampling.with_seed(int(rng.integers(2**31)))
             for i, gen in zip(todo, policy.generate([list(prompts[i]) for i in todo], params), strict=True):
                 out[i] = self.read(gen)
         return out  # type: ignore[return-value]
@@ -189,7 +255,9 @@ class UserSimulator:
     def read(self, generation: Generation) -> UserReply:
         """The reply in a policy's ``generation``, a stop marker, or why it cannot be used."""
         if generation.finish_reason == "length":
-            why = f"the user's reply ran past its {self.sampling.max_new_tokens}-token budget"
+            budget = self.reply_sampling.max_new_tokens
+            why = ("the user's reply filled its model's context" if budget == NO_BUDGET
+                   else f"the user's reply ran past its {budget}-token budget")  # fmt: skip
             return UserReply(error=why, generation=generation)
         chat = ChatFormat.of(self.model.tokenizer)  # type: ignore[union-attr]
         body = list(generation.completion_ids)
@@ -215,57 +283,83 @@ class UserSimulator:
         return UserReply(text=text)
 
 
-def check_user(user: Any, user_model: str | None = None) -> None:
+def check_user(
+    user: Any, user_model: str | None = None, temperature: float | None = None, max_tokens: int | None = None
+) -> None:
     """Refuse a ``user=`` setting that is none of ``"scripted"`` (or ``None``), ``"llm"``, ``"rehearse"``, an
     endpoint URL (with ``user_model``, its model's name), a :class:`~envace_gym.policy.Policy` or a
-    :class:`UserSimulator`."""
+    :class:`UserSimulator`; and a user ``temperature`` or ``max_tokens`` that would not apply (no simulated user, a
+    :class:`UserSimulator` with its own sampling, a temperature for ``"rehearse"``, which samples as the policy
+    acts)."""
     if isinstance(user, str) and user.startswith(("http://", "https://")):
         if not user_model:
             raise ValueError(f"the user endpoint {user!r} needs its model's name (user_model)")
-        return
-    if user_model is not None:
+    elif user_model is not None:
         raise ValueError(f"user_model names the model behind a user endpoint URL; user={user!r} is not one")
-    if user is None or user in USERS or isinstance(user, (UserSimulator, Policy)):
+    elif not (user is None or user in USERS or isinstance(user, (UserSimulator, Policy))):
+        raise ValueError(
+            "user must be 'scripted', 'llm' (the policy plays the user), 'rehearse' (the policy plays the user and "
+            f"learns to), an OpenAI-compatible endpoint URL, a Policy or a UserSimulator, got {user!r}"
+        )
+    if temperature is None and max_tokens is None:
         return
-    raise ValueError(
-        "user must be 'scripted', 'llm' (the policy plays the user), 'rehearse' (the policy plays the user and "
-        f"learns to), an OpenAI-compatible endpoint URL, a Policy or a UserSimulator, got {user!r}"
-    )
+    if user is None or user == "scripted":
+        raise ValueError("user_temperature and user_max_tokens set a simulated user's sampling; user='scripted' has none")
+    if isinstance(user, UserSimulator):
+        raise ValueError("a UserSimulator carries its own sampling: set temperature and max_new_tokens there")
+    if user == "rehearse" and temperature is not None:
+        raise ValueError("a trained user (user='rehearse') samples at the policy's own temperature: drop user_temperature")
+    if temperature is not None and temperature < 0:
+        raise ValueError(f"user_temperature must be at least 0, got {temperature}")
+    if max_tokens is not None and max_tokens < 0:
+        raise ValueError(f"user_max_tokens must be positive, or {NO_BUDGET} for no budget but the context")
 
 
 def make_user(
-    user: Any, own: Callable[[], Policy], user_model: str | None = None, act: SamplingParams | None = None
+    user: Any,
+    own: Callable[[], Policy],
+    user_model: str | None = None,
+    act: SamplingParams | None = None,
+    *,
+    protocol: str = "envace",
+    temperature: float | None = None,
+    max_tokens: int | None = None,
 ) -> UserSimulator | None:
     """The simulated user ``user=`` asks for (``None`` for the scripted one); ``own()`` gives the policy for
     ``"llm"`` and ``"rehearse"``; ``user_model`` names the model of an endpoint URL (a :class:`ChatEndpoint`: its
-    key, if it needs one, from ``ENVACE_API_KEY``). ``act`` is the Act role's sampling: a trained user
-    (``"rehearse"``) samples at its temperature, top-p and top-k, since the trainers recompute every trained row's
-    log-probs under the rollout's settings; a trained :class:`UserSimulator` that samples otherwise is refused."""
-    check_user(user, user_model)
+    key, if it needs one, from ``ENVACE_API_KEY``). ``protocol`` (the domain's, ``Domain.user_protocol``) sets the
+    user's defaults; ``temperature`` and ``max_tokens`` (:data:`NO_BUDGET`: none but the context) replace its
+    sampling's. ``act`` is the Act role's sampling: a trained user (``"rehearse"``) samples at its temperature,
+    top-p and top-k, since the trainers recompute every trained row's log-probs under the rollout's settings; a
+    trained :class:`UserSimulator` that samples otherwise is refused, and so is a ``temperature`` for it. A given
+    :class:`UserSimulator` keeps its own sampling (``temperature`` or ``max_tokens`` with it is refused) and its own
+    protocol, where it names one.
+    """
+    check_user(user, user_model, temperature, max_tokens)
     if user is None or user == "scripted":
         return None
     if isinstance(user, UserSimulator):
-        if user.trained and act is not None and not _samples_as(user.sampling, act):
+        user = user.for_protocol(protocol)
+        if user.trained and act is not None and not _samples_as(user.reply_sampling, act):
             raise ValueError(
                 f"a trained user samples as the policy acts (temperature {act.temperature}, top_p {act.top_p}, top_k "
-                f"{act.top_k}): the trainer recomputes its rows' log-probs under those; its sampling is {user.sampling}"
+                f"{act.top_k}): the trainer recomputes its rows' log-probs under those; its sampling is {user.reply_sampling}"
             )
         return user
-    if user == "llm":
-        return UserSimulator(own())
-    if user == "rehearse":
-        sampling = USER_SAMPLING if act is None else _sampled_as(act)
-        return UserSimulator(own(), sampling, trained=True)
+    sampling = TAU2_USER_SAMPLING if protocol == "tau2" else USER_SAMPLING
+    if user == "rehearse" and act is not None:
+        sampling = replace(sampling, temperature=act.temperature, top_p=act.top_p, top_k=act.top_k)
+    if temperature is not None:
+        sampling = replace(sampling, temperature=temperature)
+    if max_tokens is not None:
+        sampling = replace(sampling, max_new_tokens=max_tokens)
+    if user in ("llm", "rehearse"):
+        return UserSimulator(own(), sampling, trained=user == "rehearse", protocol=protocol)
     if isinstance(user, str):
-        endpoint = ChatEndpoint(user, user_model, temperature=USER_SAMPLING.temperature,  # type: ignore[arg-type]
-                                max_tokens=USER_SAMPLING.max_new_tokens)  # fmt: skip
-        return UserSimulator(endpoint)
-    return UserSimulator(user)
-
-
-def _sampled_as(act: SamplingParams) -> SamplingParams:
-    """A user turn's sampling with the Act role's temperature, top-p and top-k."""
-    return replace(USER_SAMPLING, temperature=act.temperature, top_p=act.top_p, top_k=act.top_k)
+        endpoint = ChatEndpoint(user, user_model, temperature=sampling.temperature, top_p=sampling.top_p,  # type: ignore[arg-type]
+                                max_tokens=sampling.max_new_tokens or None)  # fmt: skip
+        return UserSimulator(endpoint, sampling, protocol=protocol)
+    return UserSimulator(user, sampling, protocol=protocol)
 
 
 def _samples_as(sampling: SamplingParams, act: SamplingParams) -> bool:
@@ -275,7 +369,11 @@ def _samples_as(sampling: SamplingParams, act: SamplingParams) -> bool:
 __all__ = [
     "OPENING",
     "STOP_MARKERS",
+    "NO_BUDGET",
+    "PROTOCOLS",
+    "TAU2_USER_SAMPLING",
     "USERS",
+    "USER_SAMPLING",
     "UserReply",
     "UserRequest",
     "UserSimulator",
@@ -283,4 +381,5 @@ __all__ = [
     "make_user",
     "own_scenario",
     "task_scenario",
+    "tau2_instructions",
 ]

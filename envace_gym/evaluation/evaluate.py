@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -67,6 +68,7 @@ class EvalResult:
     equal_to_real_own_calls: float = float("nan")  # simulation of the calls the policy itself makes
     trials: int = 1  # episodes per task
     pass_k: dict[int, float] = field(default_factory=dict)  # k -> pass^k, for k = 1 .. trials (see pass_hat_k)
+    terminations: dict[str, int] = field(default_factory=dict)  # why the episodes ended ("user_stop", "max_steps", ...)
     per_task: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,6 +113,10 @@ def evaluate(
     user_model: str | None = None,
     tasks: Sequence[Task] | None = None,
     trials: int = 1,
+    user_temperature: float | None = None,
+    user_max_tokens: int | None = None,
+    max_steps: int | None = None,
+    max_errors: int | None = None,
 ) -> EvalResult:
     """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
 
@@ -120,7 +126,10 @@ def evaluate(
     ``rehearsal_tokens`` and ``real_calls`` then say what the rehearsal cost and that it called no real tool.
     ``progress``: ``True`` shows a bar per pass; a callable gets ``(done, total)`` over all its passes' episodes.
     ``user``, ``user_model``: who answers the agent's final answers in the success pass, as for
-    :func:`~envace_gym.rollout.collect_rollouts` (``"rehearse"`` is refused: evaluation trains nothing, use ``"llm"``).
+    :func:`~envace_gym.rollout.collect_rollouts` (``"rehearse"`` is refused: evaluation trains nothing, use ``"llm"``);
+    ``user_temperature``, ``user_max_tokens``: its sampling, in place of its protocol's (τ²'s greedy, unbounded replies
+    for ``tau2:*``); ``max_steps``, ``max_errors``: τ²-Bench's bounds, in place of the protocol's (200 and 10 under
+    τ²'s, none otherwise). ``terminations`` counts why the episodes ended.
     ``tasks``: the tasks to evaluate instead of the first ``num_tasks`` of ``split`` (validation tasks held back
     from a training split, say); ``split`` then only names them in the result.
     ``trials``: episodes per task in the success pass (each with its own seed): ``pass_k`` holds τ²-Bench's
@@ -142,7 +151,8 @@ def evaluate(
     # its prompt, since the rehearsed result enters the agent's conversation.
     real = collect_rollouts(
         policy, dom, tasks, trials, executor=executor, act_sampling=sampling, seed=seed, actor=actor, user=user,
-        user_model=user_model, rehearsal=replace(rehearsal, include_reference=False),
+        user_model=user_model, rehearsal=replace(rehearsal, include_reference=False), user_temperature=user_temperature,
+        user_max_tokens=user_max_tokens, max_steps=max_steps, max_errors=max_errors,
         progress=_pass_progress(progress, 0, total, f"episodes ({executor} execution)"),
     )  # fmt: skip
     # A run its simulated user could not carry on is a failed run, as τ²-Bench counts it (training masks it
@@ -166,9 +176,10 @@ def evaluate(
         skipped_tasks=int(real.stats["skipped_tasks"]),
         trials=trials,
         pass_k={k: pass_hat_k(list(by_task.values()), k) for k in range(1, trials + 1)},
+        terminations=dict(Counter(e.termination_reason or "unknown" for e in real.episodes)),
         per_task=[
             {"task_id": e.task_id, "reward": e.reward, "success": e.success, "turns": e.turns,
-             **({"user_error": e.user_error} if e.user_error else {})}
+             "termination_reason": e.termination_reason, **({"user_error": e.user_error} if e.user_error else {})}
             for e in episodes
         ],
         real_calls=sum(sum(1 for c in e.calls if c["route"] == "real") for e in real.episodes),

