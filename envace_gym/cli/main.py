@@ -161,7 +161,7 @@ def _eval(args: argparse.Namespace) -> int:
         raise EnvACEError(str(exc).replace("user_temperature", "--user-temperature")) from None
     if args.num_tasks < 1 or args.trials < 1 or min(args.budget) < 0 or args.horizon < 1:
         raise EnvACEError("--num-tasks, --trials and --horizon must be at least 1, --budget at least 0")
-    if min(args.max_steps or 1, args.max_errors or 1) < 1:
+    if any(bound is not None and bound < 1 for bound in (args.max_steps, args.max_errors)):
         raise EnvACEError("--max-steps and --max-errors must be at least 1")
     if args.agent_prompt is not None and not args.domain.startswith("tau2:"):
         raise EnvACEError("--agent-prompt chooses the agent's system prompt of a tau2:* domain")
