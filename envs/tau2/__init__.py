@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from envace_gym.domains import SPLITS, Domain, LazyTasks, ReferenceTurn, RewardResult, Task, Trajectory, check_split
-from envace_gym.endpoint import ChatBackend
 from envace_gym.errors import DomainError
 from envace_gym.text import strict_loads
 from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry, ToolSchema
@@ -221,7 +220,9 @@ class Tau2Domain(Domain):
     max_turns = 20
     user_protocol = "tau2"
 
-    def __init__(self, domain: str = "retail", agent_prompt: str = "envace", judge: ChatBackend | None = None) -> None:
+    def __init__(self, domain: str = "retail", agent_prompt: str = "envace", judge: Any = None) -> None:
+        # judge: a chat backend (``complete(prompts, attempt) -> [text or None]``), typed Any: a domain imports no
+        # stage past the domain base
         if domain not in DOMAINS:
             raise DomainError(f"unknown τ² domain {domain!r}; choose from {DOMAINS}")
         if agent_prompt not in AGENT_PROMPTS:
