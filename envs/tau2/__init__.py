@@ -26,24 +26,27 @@ INSTRUCTIONS = (
     "tools, ask for what you are missing, explain what you will do and get the user's explicit confirmation "
     "before any change, then make it. Call one tool at a time."
 )
-AGENT_PROMPTS = ("envace", "tau2")
-NL_JUDGE_ATTEMPTS = 2  # an NL-assertion verdict that cannot be read is asked for once more  # the agent's system prompt: INSTRUCTIONS + policy, or τ²'s own LLM agent's
+AGENT_PROMPTS = ("envace", "tau2")  # the agent's system prompt: INSTRUCTIONS + policy, or τ²'s own LLM agent's
+NL_JUDGE_ATTEMPTS = 2  # an NL-assertion verdict that cannot be read is asked for once more
 
 
-def _package() -> Path:
+def _source(module: str) -> tuple[Path, ast.Module]:
+    """One of τ²'s modules as a syntax tree, read from the installed package without importing it (its agent and
+    evaluator modules import LiteLLM)."""
     spec = importlib.util.find_spec("tau2")
     if spec is None or not spec.submodule_search_locations:
         raise DomainError(f"τ²-Bench is not installed; {INSTALL_HINT}")
-    return Path(next(iter(spec.submodule_search_locations)))
+    path = Path(next(iter(spec.submodule_search_locations))) / module
+    return path, ast.parse(path.read_text(encoding="utf-8"))
 
 
 def tau2_agent_prompt(policy: str) -> str:
     """τ²'s own agent system prompt around ``policy``: its ``AGENT_INSTRUCTION`` in ``SYSTEM_PROMPT``, read from the
     installed package's ``tau2/agent/llm_agent.py`` as constants (that module cannot be imported without LiteLLM,
     which τ²'s agent needs and this package does not)."""
-    path = _package() / "agent" / "llm_agent.py"
+    path, tree = _source("agent/llm_agent.py")
     constants: dict[str, str] = {}
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             value = node.value  # a string literal, or one with .strip() called on it
             strip = isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "strip"
@@ -59,8 +62,8 @@ def tau2_agent_prompt(policy: str) -> str:
 def _nl_judge_prompt() -> tuple[str, tuple[tuple[bool, str], ...]]:
     """τ²'s natural-language-assertion judge prompt, read from its evaluator's source (the module imports LiteLLM):
     the system prompt, and the user prompt's f-string as pieces (``(True, name)`` where a value goes, else text)."""
-    path = _package() / "evaluator" / "evaluator_nl_assertions.py"
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    path, tree = _source("evaluator/evaluator_nl_assertions.py")
+    for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "evaluate_nl_assertions":
             found = {s.targets[0].id: s.value for s in node.body
                      if isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Name)}  # fmt: skip
