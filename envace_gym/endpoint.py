@@ -4,7 +4,8 @@ judge (:mod:`envace_gym.domains.judge`) and a simulated user (:mod:`envace_gym.e
 :class:`ChatEndpoint` posts to ``/chat/completions`` (SGLang, vLLM, TGI, ``transformers serve`` or a hosted API),
 several requests at a time, each bounded by a timeout. A failed request (transport, timeout, a malformed reply, a
 reply cut at ``max_tokens``) is ``None``, never an exception: the caller decides what an unanswered prompt means (a
-masked episode).
+masked episode). A participant with tools (τ²-Bench's telecom user) asks :meth:`ChatEndpoint.reply`, which also
+returns the tool calls the model made.
 """
 
 from __future__ import annotations
@@ -15,10 +16,20 @@ import os
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 logger = logging.getLogger("envace_gym")
-Prompt = list[dict[str, str]]
+Prompt = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One reply of a chat model that was offered tools: its text, and the calls it made as
+    ``(id, name, arguments)`` (arguments as the model wrote them: a JSON text, or an object)."""
+
+    content: str
+    tool_calls: tuple[tuple[str, str, Any], ...] = ()
 
 
 class ChatBackend(Protocol):
@@ -57,8 +68,9 @@ class ChatEndpoint:
         if max_tokens is not None:  # None: no bound of ours, the server's own
             self.params["max_tokens"] = max_tokens
 
-    def _one(self, prompt: Prompt) -> str | None:
-        body = json.dumps({"model": self.model, "messages": prompt, **self.params}).encode()
+    def _one(self, prompt: Prompt, tools: Sequence[dict[str, Any]] = ()) -> ChatReply | None:
+        offered = {"tools": list(tools)} if tools else {}
+        body = json.dumps({"model": self.model, "messages": prompt, **self.params, **offered}).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -67,18 +79,30 @@ class ChatEndpoint:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 data = json.loads(response.read())
             choice = data["choices"][0]
-            content = choice["message"]["content"]
+            message = choice["message"]
+            content = message.get("content") or ""
+            calls = tuple(
+                (c.get("id") or f"call_{i}", c["function"]["name"], c["function"].get("arguments") or {})
+                for i, c in enumerate(message.get("tool_calls") or ())
+            )
         except Exception as exc:  # transport (URLError, HTTPException, a timeout) or a malformed reply: no answer
             logger.warning("endpoint %s failed (%s: %s)", self.url, type(exc).__name__, exc)
             return None
         if choice.get("finish_reason") == "length":  # cut at max_tokens: a verdict or a message half-written
             logger.warning("endpoint %s: the reply ran past max_tokens (%s)", self.url, self.params.get("max_tokens"))
             return None
-        return content if isinstance(content, str) else None
+        if not isinstance(content, str) or not all(isinstance(name, str) for _, name, _ in calls):
+            logger.warning("endpoint %s: a reply that is not a chat message", self.url)
+            return None
+        return ChatReply(content, calls)
+
+    def reply(self, prompts: Sequence[Prompt], tools: Sequence[dict[str, Any]] = ()) -> list[ChatReply | None]:
+        """One reply per chat prompt, each offered ``tools`` (OpenAI function schemas); ``None`` where it failed."""
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(prompts)))) as pool:
+            return list(pool.map(lambda prompt: self._one(prompt, tools), prompts))
 
     def complete(self, prompts: Sequence[Prompt], attempt: int = 0) -> list[str | None]:
-        with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(prompts)))) as pool:
-            return list(pool.map(self._one, prompts))
+        return [None if r is None else r.content for r in self.reply(prompts)]
 
 
-__all__ = ["ChatBackend", "ChatEndpoint", "Prompt"]
+__all__ = ["ChatBackend", "ChatEndpoint", "ChatReply", "Prompt"]

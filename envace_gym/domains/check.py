@@ -205,9 +205,11 @@ def _result_findings(domain: Domain, task: Task) -> Iterator[Finding]:
     if executor is None or not domain.executes_calls:
         return
     for k, turn in enumerate(task.reference):
-        for call, recorded in zip(turn.calls, turn.results, strict=False):
+        made = [(executor.execute_user, c, r) for c, r in zip(turn.user_calls, turn.user_results, strict=False)]
+        made += [(executor.execute, c, r) for c, r in zip(turn.calls, turn.results, strict=False)]
+        for run, call, recorded in made:
             try:
-                real = executor.execute(call)
+                real = run(call)
             except Exception as exc:
                 yield Finding("error", _where(domain, task), f"reference turn {k}: {call.name} raised "
                               f"{_failure(exc)}")  # fmt: skip
@@ -220,8 +222,8 @@ def _result_findings(domain: Domain, task: Task) -> Iterator[Finding]:
 
 def reference_trajectory(task: Task) -> Trajectory:
     """What an episode that plays ``task``'s reference solution leaves for the reward: its calls (all valid, answered
-    from their recorded results: route ``"cache"``), its answers, and its conversation. No executor is built (a τ²
-    one loads a database)."""
+    from their recorded results: route ``"cache"``; the user's own calls of the solution too, before the turns they
+    precede), its answers, and its conversation. No executor is built (a τ² one loads a database)."""
     route = "cache"
     records: list[CallRecord] = []
     answers: list[str] = []
@@ -229,6 +231,8 @@ def reference_trajectory(task: Task) -> Trajectory:
     messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
     later_users, user_turn = list(task.user_turns), 1
     for k, turn in enumerate(task.reference, 1):
+        for call, result in zip(turn.user_calls, turn.user_results, strict=False):  # on the user's side: no message
+            records.append(CallRecord(k, call, route, result, None, user_turn, requestor="user"))
         calls = [c.to_openai() for c in turn.calls]
         messages.append({"role": "assistant", "content": turn.content, **({"tool_calls": calls} if calls else {})})
         if turn.content.strip():

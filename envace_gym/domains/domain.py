@@ -94,6 +94,12 @@ class Domain:
     def whitelist(self, task: Task) -> tuple[str, ...]:
         return task.tools or tuple(self.tools_for(task).names)
 
+    def user_tools_for(self, task: Task) -> ToolRegistry | None:
+        """The tools of ``task``'s user, where the user acts on the world too (τ²-Bench's telecom user holds the
+        phone): a simulated user is offered them, and the domain's executor answers them
+        (:meth:`ToolExecutor.execute_user`). ``None`` (most domains): the user only talks."""
+        return None
+
     def locate(self, task: Task | None = None) -> str:
         """Where the domain (or ``task``) is written, for the domain check's findings: the class and its file."""
         cls = type(self)

@@ -30,11 +30,15 @@ def check_split(split: str, where: str = "") -> str:
 # ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ReferenceTurn:
-    """One assistant turn of a reference solution: tool calls with their real results, or an answer."""
+    """One assistant turn of a reference solution: tool calls with their real results, or an answer. Where the user
+    acts on the world too (τ²-Bench's telecom user holds the phone), ``user_calls`` are the calls the user makes on
+    its own tools just before this turn, with their real results: part of the solution, never the agent's."""
 
     content: str = ""
     calls: tuple[ToolCall, ...] = ()
     results: tuple[Any, ...] = ()
+    user_calls: tuple[ToolCall, ...] = ()
+    user_results: tuple[Any, ...] = ()
 
     @property
     def text(self) -> str:
@@ -42,12 +46,18 @@ class ReferenceTurn:
         return format_act(self.content, self.calls)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"content": self.content, "calls": [c.to_json() for c in self.calls], "results": list(self.results)}
+        out = {"content": self.content, "calls": [c.to_json() for c in self.calls], "results": list(self.results)}
+        if self.user_calls:
+            out.update(user_calls=[c.to_json() for c in self.user_calls], user_results=list(self.user_results))
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReferenceTurn:
-        calls = tuple(ToolCall(c["name"], dict(c.get("arguments", {}))) for c in data.get("calls", ()))
-        return cls(data.get("content", ""), calls, tuple(data.get("results", ())))
+        def calls(key: str) -> tuple[ToolCall, ...]:
+            return tuple(ToolCall(c["name"], dict(c.get("arguments", {}))) for c in data.get(key, ()))
+
+        return cls(data.get("content", ""), calls("calls"), tuple(data.get("results", ())), calls("user_calls"),
+                   tuple(data.get("user_results", ())))  # fmt: skip
 
 
 @dataclass(frozen=True)

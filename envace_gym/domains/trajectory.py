@@ -21,6 +21,7 @@ class CallRecord:
     result: Any = None
     error: ToolError | None = None
     user_turn: int = 1  # which user turn the call answers (multi-turn rewards check turn by turn)
+    requestor: str = "assistant"  # who made it: the agent, or a user with tools of its own ("user")
 
     @property
     def validated(self) -> bool:
@@ -38,6 +39,7 @@ class CallRecord:
             "error": self.error.to_dict() if self.error else None,
             "validated": self.validated,
             "user_turn": self.user_turn,
+            "requestor": self.requestor,
         }
 
 
@@ -56,4 +58,10 @@ class Trajectory:
     def valid_calls(self) -> list[ToolCall]:
         """The calls the agent validly made, in order: what a verifier replays. A call counts even when
         its rehearsal failed: that failure is the simulator's, not the agent's action."""
-        return [r.call for r in self.calls if r.call is not None and r.validated]
+        return [r.call for r in self.calls if r.call is not None and r.validated and r.requestor == "assistant"]
+
+    @property
+    def valid_actions(self) -> list[tuple[str, ToolCall]]:
+        """Every valid call with who made it (``"assistant"`` or ``"user"``), in the order they were made: what a
+        verifier replays where the user acts on the world too (τ²-Bench's telecom)."""
+        return [(r.requestor, r.call) for r in self.calls if r.call is not None and r.validated]

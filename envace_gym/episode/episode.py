@@ -47,7 +47,7 @@ from ..rehearsal.routing import choose_route
 from ..text import clean_text
 from ..tools.budget import StepBudget
 from ..tools.executor import ReferenceCache
-from ..tools.schema import ToolCall
+from ..tools.schema import ToolCall, ToolRegistry
 from .chat import ChatFormat
 from .transcript import Transcript
 from .types import (
@@ -135,6 +135,10 @@ class Episode:
         self.whitelist = domain.whitelist(task)
         self.tools_openai = self.registry.to_openai(self.whitelist, compact=True)  # the Act prompt's tools
         self.candidates = [self.registry[n] for n in self.whitelist]
+        # A user with tools of its own (τ²-Bench's telecom user holds the phone): its calls are checked against
+        # these, run on the user's side of the world and shown to the user only.
+        self.user_registry = domain.user_tools_for(task) if user is not None else None
+        self.user_tools = tuple(self.user_registry.to_openai(compact=True)) if self.user_registry is not None else ()
         self.executor = None
         if config.executor in ("real", "mixed"):
             self.executor = domain.make_executor(task)
@@ -403,21 +407,26 @@ class Episode:
     ) -> Generator[list[UserRequest], list[UserReply], StepOutcome]:
         """The simulated user answers the agent's final answer: a message (context, never trained as the agent's), a
         stop marker (the end: the reward is scored), or a reply that cannot be used (the end, masked: not the agent's
-        fault)."""
+        fault). A user with tools of its own may first call them, as often as it likes: each time the results go
+        back to it (:meth:`_user_tool_turn`) and it is asked again."""
         if self.max_user_turns is not None and self.user_turns >= self.max_user_turns:
             return self._finish(info, "max_user_turns")
-        bound = self._bound()  # τ² checks its bounds before the user answers, too
-        if bound is not None:
-            return self._end_at_bound(bound, info)
-        (reply,) = yield [UserRequest(user, self.task, tuple(self.user_view))]
-        self.steps += 1
-        info["user"] = _user_info(reply)
-        self._keep_user_row(reply)
-        if reply.error is not None:
-            logger.warning("episode of %s masked: %s", self.task.id, reply.error)
-            self.done, self.reward_result, self.termination_reason = True, RewardResult(None, {}), "user_error"
-            info["user_error"] = reply.error
-            return self._outcome(0.0, False, True, info)
+        while True:
+            bound = self._bound()  # τ² checks its bounds before the user answers, too
+            if bound is not None:
+                return self._end_at_bound(bound, info)
+            (reply,) = yield [UserRequest(user, self.task, tuple(self.user_view), self.user_tools)]
+            self.steps += 1
+            info["user"] = _user_info(reply)
+            self._keep_user_row(reply)
+            if reply.error is not None:
+                logger.warning("episode of %s masked: %s", self.task.id, reply.error)
+                self.done, self.reward_result, self.termination_reason = True, RewardResult(None, {}), "user_error"
+                info["user_error"] = reply.error
+                return self._outcome(0.0, False, True, info)
+            if not reply.calls:
+                break
+            yield from self._user_tool_turn(reply, info)
         if reply.stop is not None:
             bound = self._bound()  # τ²'s bound check follows the stop and overrides it
             return self._end_at_bound(bound, info) if bound is not None else self._finish(info, "user_stop")
@@ -425,6 +434,39 @@ class Episode:
         self.user_view.append({"role": "user", "content": reply.text})
         self.user_turns += 1
         return self._continue(info)
+
+    def _user_tool_turn(
+        self, reply: UserReply, info: dict[str, Any]
+    ) -> Generator[list[GenerationRequest], list[Generation], None]:
+        """Answer the user's calls of its own tools, as the agent's are answered: each checked against the user's
+        tools, then routed (the real executor's user side, or the Rehearse role: under ``executor="rehearsal"``
+        the policy rehearses the user's tools too). The calls and their results join the user's view only; a
+        refused or failed call counts as a tool error (``max_errors``), as in τ²."""
+        calls = [replace(c, id=f"user_call_{self.steps}_{i}") for i, c in enumerate(reply.calls)]
+        states = [CallState(call) for call in calls]
+        registry = self.user_registry or ToolRegistry()  # a user offered no tools has none to call
+        with self._budget:
+            for state in states:
+                state.error = registry.validate(state.call).error
+        self.steps += 1  # the tool responses: one message, as τ² counts them
+        failures = getattr(self.executor, "failures", 0)
+        for state in states:
+            if state.error is None:
+                self._answer_without_model(state, user=True)
+        self.errors += getattr(self.executor, "failures", 0) - failures
+        pending = [s for s in states if s.route == "rehearsal"]
+        if pending:
+            text = "The user's own call(s) on their side: " + json.dumps([c.to_json() for c in calls])
+            yield from self._rehearse_separate(pending, text, info, user=True)
+        self.errors += sum(s.error is not None for s in states)
+        records = [
+            CallRecord(self.turn, s.call, s.route, s.response, s.error, self.user_turns, requestor="user")
+            for s in states
+        ]
+        self.records.extend(records)
+        info.setdefault("user_calls", []).extend(r.to_dict() for r in records)
+        self.user_view.append({"role": "user", "content": reply.text, "tool_calls": [c.to_openai() for c in calls]})
+        self.user_view += [self._tool_message(s.call, _payload(s)) for s in states]
 
     def _keep_user_row(self, reply: UserReply) -> None:
         """A trained user's generation (``user="rehearse"``) is a training row of role ``"user"``."""
@@ -434,17 +476,19 @@ class Episode:
                 Row("user", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
             )
 
-    def _answer_without_model(self, state: CallState) -> None:
-        """Route one valid call; answer it now unless it goes to the Rehearse role."""
+    def _answer_without_model(self, state: CallState, user: bool = False) -> None:
+        """Route one valid call (``user``: a call of the user's own tools, which the reference cache does not
+        hold); answer it now unless it goes to the Rehearse role."""
         call = state.call
         with self._budget:
-            hit, cached = self.cache.lookup(call) if self.cache is not None else (False, None)
+            hit, cached = self.cache.lookup(call) if self.cache is not None and not user else (False, None)
         state.route = choose_route(self.config.executor, self.rng, self.config.p_real, hit)
         if state.route == "cache":
             state.response = cached
         elif state.route == "real":
+            run = self.executor.execute_user if user else self.executor.execute  # type: ignore[union-attr]
             try:
-                state.response = self.executor.execute(call)  # type: ignore[union-attr]
+                state.response = run(call)
             except Exception as exc:  # the executor's bug, reported as data; the episode survives it
                 state.error = ToolError(
                     ErrorCode.EXECUTION_ERROR,
@@ -457,12 +501,13 @@ class Episode:
 
     # -- the Rehearse role ----------------------------------------------------------------------------
     def _rehearse_separate(
-        self, states: list[CallState], action: str, info: dict[str, Any]
+        self, states: list[CallState], action: str, info: dict[str, Any], user: bool = False
     ) -> Generator[list[GenerationRequest], list[Generation], None]:
-        """Rehearse the calls of ``states`` in one batch of fresh prompts; resample results that fail a
-        ``returns`` schema."""
+        """Rehearse the calls of ``states`` (``user``: the user's own) in one batch of fresh prompts; resample
+        results that fail a ``returns`` schema."""
         cfg = self.config.rehearsal
-        prompts = {s.call.id: self.rehearse_prompt(s.call, action) for s in states}
+        registry = self.user_registry if user else self.registry
+        prompts = {s.call.id: self.rehearse_prompt(s.call, action, user) for s in states}
         budget = self.max_context - cfg.max_new_tokens
         todo = []
         for state in states:
@@ -481,7 +526,7 @@ class Episode:
                 text = (RESULT_OPEN + "\n" if cfg.prefill else "") + gen.text
                 with self._budget:
                     read = parse_execution_result(text, self.config.limits)
-                    error = read.error or self.registry[call.name].validate_result(read.result)
+                    error = read.error or registry[call.name].validate_result(read.result)  # type: ignore[index]
                 self._record_rehearsal(call, attempt, gen, error, info)
                 self.rows.append(
                     Row("rehearse", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
@@ -494,18 +539,18 @@ class Episode:
                         retry.append(state)
             todo = retry
 
-    def rehearse_prompt(self, call: ToolCall, action: str) -> tuple[int, ...]:
+    def rehearse_prompt(self, call: ToolCall, action: str, user: bool = False) -> tuple[int, ...]:
         """The ids of the ``separate``-mode simulator prompt for ``call``, made during the Act turn ``action``
-        (the conversation before that turn is the history; the turn itself is shown raw)."""
-        history = self.messages[:-1] if self.messages[-1]["role"] == "assistant" else self.messages
+        (the conversation before that turn is the history; the turn itself is shown raw). A call of the user's own
+        tools (``user``) is shown after the whole conversation, with the user's tools as the candidates and no
+        reference executions (the reference holds the agent's calls)."""
+        history = self.messages[:-1] if self.messages[-1]["role"] == "assistant" and not user else self.messages
+        if user and self.user_registry is not None:
+            registry, candidates, reference = self.user_registry, list(self.user_registry), []
+        else:
+            registry, candidates, reference = self.registry, self.candidates, self.reference_pairs
         chat = rehearsal_messages(
-            call,
-            self.registry[call.name],
-            self.candidates,
-            self.reference_pairs,
-            history,
-            action,
-            self.config.rehearsal,
+            call, registry[call.name], candidates, reference, history, action, self.config.rehearsal
         )
         for message in chat:  # reference data may hold unencodable text; the history and the Act turn are untrusted
             message["content"] = clean_text(message["content"])

