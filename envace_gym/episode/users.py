@@ -122,7 +122,7 @@ def task_scenario(task: Task) -> str:
 @dataclass(frozen=True)
 class UserReply:
     """What the simulator said: ``text`` (a message for the agent), or ``calls`` (calls of its own tools, to run
-    before it writes to the agent; ``text`` is then what it wrote beside them, shown to no one), or ``stop`` (a
+    before it writes to the agent; ``text`` is then what it wrote beside them, kept in its own view only), or ``stop`` (a
     marker that ends the conversation), or ``error`` (a reply that cannot be used: the episode is masked).
     ``generation`` is what a policy-backed user generated (its ids and log-probs: the ``"user"`` row when it is
     trained)."""
