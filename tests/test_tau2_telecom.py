@@ -124,6 +124,7 @@ def test_under_rehearsal_the_policy_rehearses_the_users_tools_too():
     (prompt,) = [p for p in policy.prompts if "toggle_roaming" in p]
     assert "check_status_bar" in prompt and "enable_roaming" not in prompt  # the user's tools are the candidates
     assert "Please turn data roaming on." in prompt  # after the whole conversation
+    assert "Data Roaming is now ON" in prompt  # the reference's own user calls are its reference executions
     assert [r.role for r in env.episode.rows] == ["rehearse"]  # a training row of the Rehearse role
     assert env.episode.executor is None or env.episode.executor.calls_executed == 0  # nothing ran for real
 

@@ -88,12 +88,11 @@ class Task:
     expected: Mapping[str, Any] = field(default_factory=dict)
     system_prompt: str | None = None
 
-    def reference_pairs(self) -> list[tuple[ToolCall, Any]]:
+    def reference_pairs(self, user: bool = False) -> list[tuple[ToolCall, Any]]:
         """Every reference call with its real result, in order (calls whose result is unknown, ``None``, as
-        in benchmarks that only judge the calls, are left out)."""
-        return [
-            (c, r) for turn in self.reference for c, r in zip(turn.calls, turn.results, strict=True) if r is not None
-        ]
+        in benchmarks that only judge the calls, are left out); ``user``: the user's own calls instead."""
+        made = ((t.user_calls, t.user_results) if user else (t.calls, t.results) for t in self.reference)
+        return [(c, r) for calls, results in made for c, r in zip(calls, results, strict=True) if r is not None]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (nothing shared with the task)."""

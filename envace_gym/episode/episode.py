@@ -542,11 +542,12 @@ class Episode:
     def rehearse_prompt(self, call: ToolCall, action: str, user: bool = False) -> tuple[int, ...]:
         """The ids of the ``separate``-mode simulator prompt for ``call``, made during the Act turn ``action``
         (the conversation before that turn is the history; the turn itself is shown raw). A call of the user's own
-        tools (``user``) is shown after the whole conversation, with the user's tools as the candidates and no
-        reference executions (the reference holds the agent's calls)."""
+        tools (``user``) is shown after the whole conversation, with the user's tools as the candidates and the
+        reference's own user calls as its reference executions."""
         history = self.messages[:-1] if self.messages[-1]["role"] == "assistant" and not user else self.messages
         if user and self.user_registry is not None:
-            registry, candidates, reference = self.user_registry, list(self.user_registry), []
+            registry, candidates = self.user_registry, list(self.user_registry)
+            reference = self.task.reference_pairs(user=True)
         else:
             registry, candidates, reference = self.registry, self.candidates, self.reference_pairs
         chat = rehearsal_messages(
