@@ -281,3 +281,17 @@ def test_our_score_equals_tau2s_evaluate_simulation_on_the_same_messages(name):
     *_, reward, terminated, truncated, info = env.step(env.episode.reference_act())
     assert info["termination_reason"] == "max_steps" and reward == 0.0
     assert tau2_reward(tasks[0], TerminationReason.MAX_STEPS) == 0.0
+
+
+def test_a_user_who_cannot_open_the_conversation_fails_the_run_under_tau2():
+    """τ² counts a run whose user could not write its first message as the user's failure: the first step ends it
+    (masked in training, a failed run in evaluation), where the looser protocol goes on with the task's prompt."""
+    env = _env(_user(opening=""))  # an empty first message cannot be used
+    _, info = env.reset(seed=0, options={"task": env.domain.tasks("train")[0].id})
+    assert "empty" in info["user_opening_error"]
+    *_, reward, terminated, truncated, info = env.step("How can I help?")
+    assert truncated and info["reward_masked"] and info["termination_reason"] == "user_error"
+    env = _env(UserSimulator(_user(opening=""), protocol="envace"))
+    env.reset(seed=0, options={"task": env.domain.tasks("train")[0].id})
+    *_, terminated, truncated, info = env.step("How can I help?")
+    assert not (terminated or truncated) and info["user"]["text"] == "Go ahead."

@@ -101,8 +101,9 @@ class Episode:
         user: A simulated user (:class:`~envace_gym.episode.users.UserSimulator`) that answers each final answer
             of the agent, instead of the task's scripted user turns; ``None``: scripted.
         opening: The user's first message, when the simulated user writes it (τ²-Bench's tasks: see
-            :meth:`~envace_gym.episode.users.UserSimulator.writes_opening`); a reply that cannot be used leaves the
-            task's own prompt in its place, with ``info["user_opening_error"]`` saying why.
+            :meth:`~envace_gym.episode.users.UserSimulator.writes_opening`); a reply that cannot be used (or a stop
+            marker) leaves the task's own prompt in its place, with ``info["user_opening_error"]`` saying why; under
+            τ²'s protocol the first step then ends the run as the user's failure (``"user_error"``), as τ² counts it.
 
     Raises:
         TaskTooLongError: The task's opening prompt does not fit: with ``act_max_new_tokens`` (at least one) left
@@ -314,6 +315,8 @@ class Episode:
 
     def _step(self, action: str, act: Generation | None) -> StepCoroutine:
         info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
+        if self.opening_error is not None and self.protocol == "tau2":  # τ²: a user who could not open fails the run
+            return self._user_failed(self.opening_error, info)
         if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
             action = self.chat.act_view(act.completion_ids, self.tool_format.act_tokens)
         # Parsing, validation, routing and result checks share one time budget (Limits.max_check_seconds).
@@ -420,10 +423,7 @@ class Episode:
             info["user"] = _user_info(reply)
             self._keep_user_row(reply)
             if reply.error is not None:
-                logger.warning("episode of %s masked: %s", self.task.id, reply.error)
-                self.done, self.reward_result, self.termination_reason = True, RewardResult(None, {}), "user_error"
-                info["user_error"] = reply.error
-                return self._outcome(0.0, False, True, info)
+                return self._user_failed(reply.error, info)
             if not reply.calls:
                 break
             yield from self._user_tool_turn(reply, info)
@@ -434,6 +434,14 @@ class Episode:
         self.user_view.append({"role": "user", "content": reply.text})
         self.user_turns += 1
         return self._continue(info)
+
+    def _user_failed(self, error: str, info: dict[str, Any]) -> StepOutcome:
+        """The user's reply cannot be used: the end, masked (not the agent's fault; evaluation counts it as a
+        failed run, as τ² does)."""
+        logger.warning("episode of %s masked: %s", self.task.id, error)
+        self.done, self.reward_result, self.termination_reason = True, RewardResult(None, {}), "user_error"
+        info["user_error"] = error
+        return self._outcome(0.0, False, True, info)
 
     def _user_tool_turn(
         self, reply: UserReply, info: dict[str, Any]
