@@ -401,34 +401,32 @@ class Tau2Domain(Domain):
         """The episode's valid calls, the agent's and the user's in their order, as τ²'s messages, each followed by
         its result on a fresh environment in the task's initial state: what τ²'s environment evaluator replays (it
         refuses a result other than its own replay's, so a rehearsed result is never handed to it)."""
-        from tau2.data_model.message import AssistantMessage, UserMessage
-        from tau2.data_model.message import ToolCall as Tau2Call
-
         scratch = Tau2Executor(self.domain, raw).env
         messages: list[Any] = []
-        for i, (requestor, call) in enumerate(trajectory.valid_actions):
-            tau2_call = Tau2Call(id=f"call_{i}", name=call.name, arguments=json.loads(json.dumps(dict(call.arguments))),
-                                 requestor=requestor)  # fmt: skip
-            speaker = (
-                UserMessage(role="user", tool_calls=[tau2_call])
-                if requestor == "user"
-                else AssistantMessage(role="assistant", tool_calls=[tau2_call])
-            )
-            messages += [speaker, scratch.get_response(tau2_call)]
+        for speaker in _call_messages(trajectory):
+            messages += [speaker, scratch.get_response(speaker.tool_calls[0])]
         return messages
+
+
+def _call_messages(trajectory: Trajectory) -> list[Any]:
+    """Each valid call of the episode (the agent's and the user's, in their order) as τ²'s message of its maker."""
+    from tau2.data_model.message import AssistantMessage, UserMessage
+    from tau2.data_model.message import ToolCall as Tau2Call
+
+    out = []
+    for i, (requestor, call) in enumerate(trajectory.valid_actions):
+        arguments = json.loads(json.dumps(dict(call.arguments)))  # plain JSON values, as τ²'s tools take them
+        made = [Tau2Call(id=f"call_{i}", name=call.name, arguments=arguments, requestor=requestor)]
+        out.append(UserMessage(role="user", tool_calls=made) if requestor == "user"
+                   else AssistantMessage(role="assistant", tool_calls=made))  # fmt: skip
+    return out
 
 
 def _tau2_messages(trajectory: Trajectory) -> list[Any]:
     """What τ²'s evaluators read of an episode: every text the agent wrote (its answers and the prose of its call
     turns: τ²'s COMMUNICATE check reads every assistant message's content), and its valid calls, the user's own
     included (telecom)."""
-    from tau2.data_model.message import AssistantMessage, UserMessage
-    from tau2.data_model.message import ToolCall as Tau2Call
+    from tau2.data_model.message import AssistantMessage
 
     said = [AssistantMessage(role="assistant", content=text) for text in trajectory.said if text.strip()]
-    calls = []
-    for requestor, c in trajectory.valid_actions:
-        call = Tau2Call(id=c.id or "", name=c.name, arguments=dict(c.arguments), requestor=requestor)
-        calls.append(UserMessage(role="user", tool_calls=[call]) if requestor == "user"
-                     else AssistantMessage(role="assistant", tool_calls=[call]))  # fmt: skip
-    return said + calls
+    return said + _call_messages(trajectory)
