@@ -344,6 +344,33 @@ def test_an_rl_stage_saves_every_step_and_evaluates_every_eval_every(tmp_path, m
     assert [p["step"] for p in record["curve"]] == [0, 2, 3]
 
 
+def test_an_sft_stage_kept_as_its_record_alone_has_its_model_trained_again_for_rl(tmp_path):
+    """A study in pieces on fresh machines: only the finished stages' records are carried over."""
+    import shutil
+
+    from envace_gym.recipes.experiment import run_experiment
+
+    config = dict(
+        domain="lights:easy", output_dir=str(tmp_path), seeds=[0], sft_tasks=4, sft_steps=2, rl_steps=1,
+        tasks_per_step=1, group_size=2, eval_tasks=1, eval_every=1, max_new_tokens=8,
+    )  # fmt: skip
+    run_experiment(ExperimentConfig(**config, conditions=["sft"]), log=lambda _: None)
+    stage = tmp_path / "seed-0" / "sft"
+    weights = (stage / "final" / "model.safetensors").read_bytes()
+    kept = json.loads((stage / "record.json").read_text())
+    for path in stage.iterdir():  # the machine is gone: only the record is left
+        if path.name != "record.json":
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    lines: list[str] = []
+    records = run_experiment(ExperimentConfig(**config, conditions=["sft+envace-separate"]), log=lines.append)
+    assert (stage / "final" / "model.safetensors").read_bytes() == weights  # seeded: the same model again
+    record = json.loads((stage / "record.json").read_text())
+    assert {k: record[k] for k in kept} == kept and record["rebuilt"][0]["sft_loss"] == kept["sft_loss"]
+    assert any("trained again" in line for line in lines)
+    rl = records["records"]["sft+envace-separate"][0]
+    assert rl["curve"][0]["success"] == kept["success"]  # step 0 is the recorded SFT evaluation
+
+
 @pytest.mark.slow
 def test_experiment_runs_its_stages_in_worker_processes_each_after_what_it_starts_from(tmp_path):
     from envace_gym.recipes.experiment import run_experiment

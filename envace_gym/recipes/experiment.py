@@ -16,7 +16,9 @@ answer facts, no tool run, so EnvACE trains with zero real executions) and treat
 executor, greedy and sampled (T 0.6, top-p 0.95, the paper's), which draws the learning curve.
 
 Every stage resumes: a finished stage is skipped, an RL stage cut off continues from its last checkpoint
-(saved after every step), SFT from its own. A folder keeps the settings it was run with (``settings.json``):
+(saved after every step), SFT from its own; a finished SFT stage whose model is gone (only its record was kept,
+say in a repository, while the machine that ran it was not) has its model trained again for the RL stages that
+start from it. A folder keeps the settings it was run with (``settings.json``):
 resuming it with settings that change results is refused, so a table never mixes runs. What was measured goes
 to ``output_dir/experiment.json``; the table to ``results_file`` and a learning-curve PNG beside it.
 """
@@ -238,18 +240,24 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     records: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in config.conditions}
     pending = []
     for seed in config.seeds:
+        todo = []
         for condition in config.conditions:
             done = out / f"seed-{seed}" / condition / "record.json"
             if done.is_file():
                 records[condition][seed] = json.loads(done.read_text())
                 log(f"[seed {seed}] {condition}: done before, skipped")
             else:
-                pending.append((seed, condition))
+                todo.append((seed, condition))
+        sft = out / f"seed-{seed}" / "sft"
+        if any(c in RL_CONDITIONS for _, c in todo) and not (sft / "final" / "config.json").is_file():
+            log(f"[seed {seed}] sft: finished before, but its model is not here: trained again (its record kept)")
+            todo.insert(0, (seed, "sft"))  # (only a kept record gets here: _check_sft_models refused the rest)
+        pending += todo
     if config.workers > 1:
         _run_in_workers(config, start, budget, pending, records)
     else:
         for seed, condition in pending:
-            records[condition][seed] = _run_stage(config, domain, start, budget, seed, condition, log)
+            records.setdefault(condition, {})[seed] = _run_stage(config, domain, start, budget, seed, condition, log)
     summary = {
         "command": command_line(config),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, Python {sys.version.split()[0]}",
@@ -281,6 +289,8 @@ def _run_stage(
 
         return_freed_memory()  # (envace_gym.training.memory says why it goes with recomputing layers)
     started = time.time()
+    if condition == "sft" and (stage / "record.json").is_file():
+        return _rebuild_sft_model(config, domain, start, stage, seed, log)
     if condition == "base":
         record = {"train_seconds": 0.0, "curve": [], **_evaluate(config, domain, start, budget)}
     elif condition == "sft":
@@ -298,6 +308,25 @@ def _run_stage(
     (stage / "record.json").write_text(json.dumps(record, indent=2))
     log(f"[seed {seed}] {condition}: success {record['success']:.3f} (greedy), "
         f"{record['success_sampled']:.3f} (sampled)")  # fmt: skip
+    return record
+
+
+def _rebuild_sft_model(
+    config: ExperimentConfig, domain: Any, start: str, stage: Path, seed: int, log: Any
+) -> dict[str, Any]:
+    """Train a finished SFT stage's model again, for the RL stages that start from it: a study that runs in
+    pieces on machines that keep only the stages' records (in a repository, say). SFT is seeded, so this is the
+    same model where the arithmetic is the same; its final loss, beside the recorded one, goes into the record
+    (``rebuilt``) and the log, so a start that came out different (another CPU's float rounding) is on record."""
+    file = stage / "record.json"
+    record = json.loads(file.read_text())
+    rebuilt = _sft_stage(config, domain, start, stage, seed, log)
+    record.setdefault("rebuilt", []).append(
+        {"sft_loss": rebuilt["sft_loss"], "train_seconds": rebuilt["train_seconds"], "ended": time.time()}
+    )
+    file.write_text(json.dumps(record, indent=2))
+    log(f"[seed {seed}] sft: model trained again, final loss {rebuilt['sft_loss']:.6f} "
+        f"(recorded: {record['sft_loss']:.6f})")  # fmt: skip
     return record
 
 
@@ -333,7 +362,7 @@ def _run_in_workers(
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 seed, condition = running.pop(future)
-                records[condition][seed] = future.result()  # a stage that failed raises here
+                records.setdefault(condition, {})[seed] = future.result()  # a stage that failed raises here
 
 
 def _worker_init(threads: int) -> None:
@@ -409,12 +438,18 @@ def _validation_tasks(config: ExperimentConfig, domain: Any) -> list[Any]:
     return [train[i] for i in range(len(train) - config.val_tasks, len(train))]
 
 
+HOLDS_SFT_MODEL = ("final/config.json", "record.json")  # the model, or the record it is trained again from
+
+
 def _check_sft_models(config: ExperimentConfig, out: Path) -> None:
     """An RL condition starts from its seed's SFT model: refuse, before anything loads, a run that has neither it
-    nor the 'sft' condition."""
+    (nor the SFT record it is trained again from) nor the 'sft' condition."""
     if "sft" in config.conditions or not set(config.conditions) & set(RL_CONDITIONS):
         return
-    missing = [s for s in config.seeds if not (out / f"seed-{s}" / "sft" / "final" / "config.json").is_file()]
+    sft = [out / f"seed-{s}" / "sft" for s in config.seeds]  # a kept record: its model is trained again
+    missing = [
+        s for s, d in zip(config.seeds, sft, strict=True) if not any((d / f).is_file() for f in HOLDS_SFT_MODEL)
+    ]
     if missing:
         raise EnvACEError(
             f"the RL conditions start from each seed's SFT model, which {out} does not hold for seeds {missing}: "
