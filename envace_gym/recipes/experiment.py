@@ -249,7 +249,8 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
             else:
                 todo.append((seed, condition))
         sft = out / f"seed-{seed}" / "sft"
-        if any(c in RL_CONDITIONS for _, c in todo) and not (sft / "final" / "config.json").is_file():
+        kept = (sft / "record.json").is_file() and not (sft / "final" / "config.json").is_file()
+        if kept and any(c in RL_CONDITIONS for _, c in todo):
             log(f"[seed {seed}] sft: finished before, but its model is not here: trained again (its record kept)")
             todo.insert(0, (seed, "sft"))  # (only a kept record gets here: _check_sft_models refused the rest)
         pending += todo
