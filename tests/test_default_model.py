@@ -30,11 +30,12 @@ def test_converted_once_then_shared():
 def test_the_converted_tokenizer_ends_turns_as_the_gguf_says_and_a_wrong_one_is_refused():
     tokenizer, _ = models.load_default_tokenizer()
     assert tokenizer.eos_token == "<|im_end|>"  # the GGUF's end token: a turn ends there
-    models.check_converted_tokenizer(tokenizer, models.gguf_path())
+    eos = models.gguf_token_ids(models.gguf_path())["eos"]
+    models.check_converted_tokenizer(tokenizer, eos)
     wrong = copy.deepcopy(tokenizer)
     wrong.eos_token = "<|im_start|>"  # what transformers 5.17 converts it to
     with pytest.raises(DefaultModelNotInstalledError, match=r"converts the tokenizer .* wrongly \(end token '<\|im_start"):
-        models.check_converted_tokenizer(wrong, models.gguf_path())
+        models.check_converted_tokenizer(wrong, eos)
 
 
 def test_generates_a_chatml_turn_with_logprobs():

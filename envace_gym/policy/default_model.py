@@ -32,7 +32,6 @@ _FORMAT_VERSION = "2"  # bump when what we write into the cache changes (2: the 
 _ROUND_TRIP = 'Convert 12.5 km , then 3 ?\n<tool_call>\n{"name": "convert", "arguments": {"value": 12.5}}\n</tool_call>  ok .'
 
 
-
 def cache_dir() -> Path:
     """Where converted models live: ``$ENVACE_CACHE_DIR``, else the platform's user cache folder."""
     if os.environ.get(CACHE_ENV):
@@ -90,8 +89,9 @@ def ensure_default_model(verbose: bool = True) -> Path:
     model = AutoModelForCausalLM.from_pretrained(
         source.parent, gguf_file=source.name, quantization_config=GgufConfig(dequantize=True)
     )
-    _special_tokens_from_gguf(tokenizer, source)
-    check_converted_tokenizer(tokenizer, source)
+    ids = gguf_token_ids(source)
+    _special_tokens_from_gguf(tokenizer, ids)
+    check_converted_tokenizer(tokenizer, ids["eos"])
     tokenizer.chat_template = tool_chat_template("qwen2_5")
     target.parent.mkdir(parents=True, exist_ok=True)
     # Write into a sibling temp folder and rename: concurrent first loads never see a half-written model.
@@ -109,38 +109,37 @@ def ensure_default_model(verbose: bool = True) -> Path:
     return target
 
 
-def _gguf_token_ids(source: Path) -> dict[str, int]:
+def gguf_token_ids(source: Path) -> dict[str, int]:
+    """The end (``eos``) and padding (``padding``, where set) token ids the GGUF file's metadata names."""
     import gguf
 
     fields = gguf.GGUFReader(source).fields
     ids = {}
-    for name in ("bos", "eos", "padding"):
+    for name in ("eos", "padding"):
         if (field := fields.get(f"tokenizer.ggml.{name}_token_id")) is not None:
             ids[name] = int(field.parts[field.data[0]][0])
     return ids
 
 
-def _special_tokens_from_gguf(tokenizer: PreTrainedTokenizerBase, source: Path) -> None:
+def _special_tokens_from_gguf(tokenizer: PreTrainedTokenizerBase, ids: dict[str, int]) -> None:
     """Take the end and padding tokens from the GGUF's own metadata, and decode text as encoded: transformers'
     GGUF tokenizer conversion has varied by release (5.17 makes SmolLM2's ``<|im_start|>`` the end token, leaves
     no padding token and asks decode to strip spaces before punctuation; 5.19 and later do not)."""
-    ids = _gguf_token_ids(source)
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(ids["eos"])
     if "padding" in ids:
         tokenizer.pad_token = tokenizer.convert_ids_to_tokens(ids["padding"])
     tokenizer.clean_up_tokenization_spaces = False
 
 
-def check_converted_tokenizer(tokenizer: PreTrainedTokenizerBase, source: Path) -> None:
-    """Refuse, before it is cached, a tokenizer whose end token is not the GGUF's or that does not decode a text
-    back to itself: a conversion that went wrong in a way :func:`_special_tokens_from_gguf` does not mend."""
+def check_converted_tokenizer(tokenizer: PreTrainedTokenizerBase, eos: int) -> None:
+    """Refuse, before it is cached, a tokenizer whose end token is not ``eos`` (the GGUF's) or that does not
+    decode a text back to itself: a conversion gone wrong in a way :func:`_special_tokens_from_gguf` does not mend."""
     import transformers
 
-    eos = _gguf_token_ids(source)["eos"]
     back = tokenizer.decode(tokenizer(_ROUND_TRIP, add_special_tokens=False)["input_ids"])
     if tokenizer.eos_token_id != eos or back != _ROUND_TRIP:
         raise DefaultModelNotInstalledError(
-            f"transformers {transformers.__version__} converts the tokenizer of {source.name} wrongly (end token "
+            f"transformers {transformers.__version__} converts the tokenizer of {GGUF_FILE} wrongly (end token "
             f"{tokenizer.eos_token!r}, the GGUF's is id {eos}; {_ROUND_TRIP!r} decodes as {back!r}); convert it "
             "once with another transformers release (the converted copy in the cache then serves every environment)"
         )

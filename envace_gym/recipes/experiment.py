@@ -439,7 +439,9 @@ def _validation_tasks(config: ExperimentConfig, domain: Any) -> list[Any]:
     return [train[i] for i in range(len(train) - config.val_tasks, len(train))]
 
 
-HOLDS_SFT_MODEL = ("final/config.json", "record.json")  # the model, or the record it is trained again from
+def _holds_sft_model(sft: Path) -> bool:
+    """The SFT stage's folder holds its model, or the record it is trained again from."""
+    return (sft / "final" / "config.json").is_file() or (sft / "record.json").is_file()
 
 
 def _check_sft_models(config: ExperimentConfig, out: Path) -> None:
@@ -447,10 +449,7 @@ def _check_sft_models(config: ExperimentConfig, out: Path) -> None:
     (nor the SFT record it is trained again from) nor the 'sft' condition."""
     if "sft" in config.conditions or not set(config.conditions) & set(RL_CONDITIONS):
         return
-    sft = [out / f"seed-{s}" / "sft" for s in config.seeds]  # a kept record: its model is trained again
-    missing = [
-        s for s, d in zip(config.seeds, sft, strict=True) if not any((d / f).is_file() for f in HOLDS_SFT_MODEL)
-    ]
+    missing = [s for s in config.seeds if not _holds_sft_model(out / f"seed-{s}" / "sft")]
     if missing:
         raise EnvACEError(
             f"the RL conditions start from each seed's SFT model, which {out} does not hold for seeds {missing}: "
