@@ -200,13 +200,27 @@ def test_check_rehearsal_tells_parsed_accepted_and_equal_apart():
 
     def flags(result=None, code=None):
         check = check_rehearsal({"result": result, "error": {"code": code, "message": "m"} if code else None}, real)
-        return check.parsed, check.schema_ok, check.equal
+        return check.parsed, check.schema_ok, check.equal, check.fields
 
     real = {"balance": 10.0, "owner": "Ana"}
-    assert flags({"owner": "Ana", "balance": 10.0}) == (True, True, True)  # canonical JSON: key order aside
-    assert flags({"balance": 11.0, "owner": "Ana"}) == (True, True, False)
-    assert flags(code="RESULT_SCHEMA_MISMATCH") == (True, False, False)  # parsed, but failed the returns schema
-    assert flags(code="INVALID_REHEARSAL") == flags(code="LIMIT_EXCEEDED") == (False, False, False)
+    assert flags({"owner": "Ana", "balance": 10.0}) == (True, True, True, 1.0)  # canonical JSON: key order aside
+    assert flags({"balance": 11.0, "owner": "Ana"}) == (True, True, False, 0.5)  # the owner right, the sum not
+    assert flags({"balance": 10.05, "owner": "Ana"}) == (True, True, False, 1.0)  # within 1%: right, not equal
+    assert flags(code="RESULT_SCHEMA_MISMATCH") == (True, False, False, 0.0)  # parsed, but failed the returns schema
+    assert flags(code="INVALID_REHEARSAL") == flags(code="LIMIT_EXCEEDED") == (False, False, False, 0.0)
+
+
+def test_field_share_counts_the_real_leaves_rehearsed_right():
+    from envace_gym.evaluation import field_share
+
+    real = {"account": {"id": "A1", "balance": 250}, "history": [5, -3], "frozen": False}
+    assert field_share(real, real) == 1.0
+    assert field_share({"account": {"id": "A1", "balance": 251}, "history": [5, 3], "frozen": False}, real) == 0.8  # 251 is within 1%
+    assert field_share({"account": {"id": "A1"}, "extra": 1}, real) == 0.2  # missing leaves are wrong, extra free
+    assert field_share({"account": {"id": "A1", "balance": 250}, "history": [5, -3], "frozen": 0}, real) == 0.8
+    assert field_share({"frozen": "false"}, {"frozen": False}) == 0.0  # text is not a flag
+    assert field_share([], []) == 1.0 and field_share({"a": 1}, {}) == 0.0  # nothing to get right: equality
+    assert field_share("ok", "ok") == 1.0 and field_share(0.0, 1e-12) == 1.0  # a bare value is its own leaf
 
 
 def test_shorten_cuts_to_the_width_and_keeps_one_line():

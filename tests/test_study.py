@@ -309,6 +309,7 @@ def test_fidelity_rehearses_the_policys_own_calls():
     assert simulator.own_calls == guesser.own_calls == 2
     assert simulator.parsed_own_calls == guesser.parsed_own_calls == 1.0
     assert (simulator.equal_to_real_own_calls, guesser.equal_to_real_own_calls) == (1.0, 0.0)
+    assert (simulator.fields_own_calls, guesser.fields_own_calls) == (1.0, 0.5)  # the guesser gets the unit right
 
 
 @pytest.mark.slow

@@ -217,12 +217,12 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"  rehearsals         {result.rehearsals} (of reference calls)")
             print(f"  parse              {result.parsed:.3f}")
             print(f"  returns schema ok  {result.schema_ok:.3f}")
-            print(f"  equal to real      {result.equal_to_real:.3f} (the call's own result in the prompt: copying)")
-            print(
-                f"  ... own withheld   {result.equal_to_real_withheld:.3f} (simulation; parse {result.parsed_withheld:.3f})"
-            )
+            print(f"  equal to real      {result.equal_to_real:.3f} (the call's own result in the prompt: copying; "
+                  f"fields right {result.fields:.3f})")  # fmt: skip
+            print(f"  ... own withheld   {result.equal_to_real_withheld:.3f} (simulation; parse "
+                  f"{result.parsed_withheld:.3f}, fields right {result.fields_withheld:.3f})")  # fmt: skip
             print(f"  policy's own calls {result.equal_to_real_own_calls:.3f} equal to real, {result.own_calls} calls "
-                  f"(simulation; parse {result.parsed_own_calls:.3f})")  # fmt: skip
+                  f"(simulation; parse {result.parsed_own_calls:.3f}, fields right {result.fields_own_calls:.3f})")  # fmt: skip
     else:
         print(
             f"\n{runs[0][1].domain} / {runs[0][1].split}, {runs[0][1].episodes} episodes, {runs[0][1].executor} execution, model {args.model or 'default'}"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from .evaluate import EvalResult, evaluate, pass_hat_k
-from .fidelity import RehearsalCheck, check_rehearsal
+from .fidelity import RehearsalCheck, check_rehearsal, field_share
 
 __all__ = [
     "EvalResult",
     "RehearsalCheck",
     "check_rehearsal",
     "evaluate",
+    "field_share",
     "pass_hat_k",
 ]

@@ -14,7 +14,9 @@
   (``RehearsalConfig.withhold_own_result``): ``equal_to_real_withheld`` measures **simulation**. A third pass
   rehearses the policy's **own** calls: the policy acts on its own rehearsals (each call's own result withheld,
   as it would be for a call no reference made), and each rehearsal is compared with what the real executor
-  returns for that call in that state (``equal_to_real_own_calls``).
+  returns for that call in that state (``equal_to_real_own_calls``). Each pass also reports ``fields``: the share
+  of the real response's fields the rehearsal gets right, numbers within 1% (a graded "equal", which moves while
+  the arithmetic is still wrong).
 """
 
 from __future__ import annotations
@@ -61,11 +63,14 @@ class EvalResult:
     parsed: float = float("nan")
     schema_ok: float = float("nan")
     equal_to_real: float = float("nan")  # the call's own result was in the prompt: copying
+    fields: float = float("nan")  # share of the real responses' fields rehearsed right (numbers within 1%)
     parsed_withheld: float = float("nan")
     equal_to_real_withheld: float = float("nan")  # the call's own result withheld: simulation
+    fields_withheld: float = float("nan")
     own_calls: int = 0  # the policy's own calls rehearsed in the third fidelity pass
     parsed_own_calls: float = float("nan")
     equal_to_real_own_calls: float = float("nan")  # simulation of the calls the policy itself makes
+    fields_own_calls: float = float("nan")
     trials: int = 1  # episodes per task
     pass_k: dict[int, float] = field(default_factory=dict)  # k -> pass^k, for k = 1 .. trials (see pass_hat_k)
     terminations: dict[str, int] = field(default_factory=dict)  # why the episodes ended ("user_stop", "max_steps", ...)
@@ -189,36 +194,53 @@ def evaluate(
     )
     if not fidelity or not dom.executes_calls:  # no real responses to compare rehearsals with
         return result
-    rehearsals, result.parsed, result.schema_ok, result.equal_to_real = _fidelity(
-        policy, dom, tasks, rehearsal, seed, _pass_progress(progress, n * trials, total, "rehearsal fidelity (reference acts)")
-    )
-    result.rehearsals = rehearsals
+    copying = _fidelity(
+        policy, dom, tasks, rehearsal, seed,
+        _pass_progress(progress, n * trials, total, "rehearsal fidelity (reference acts)"),
+    )  # fmt: skip
+    result.rehearsals, result.parsed, result.schema_ok = copying.rehearsals, copying.parsed, copying.schema_ok
+    result.equal_to_real, result.fields = copying.equal, copying.fields
     withheld = replace(rehearsal, withhold_own_result=True)
-    _, result.parsed_withheld, _, result.equal_to_real_withheld = _fidelity(
+    simulation = _fidelity(
         policy, dom, tasks, withheld, seed,
         _pass_progress(progress, n * (trials + 1), total, "rehearsal fidelity (own results withheld)"),
     )  # fmt: skip
-    result.own_calls, result.parsed_own_calls, _, result.equal_to_real_own_calls = _fidelity(
+    result.parsed_withheld, result.equal_to_real_withheld = simulation.parsed, simulation.equal
+    result.fields_withheld = simulation.fields
+    own = _fidelity(
         policy, dom, tasks, withheld, seed,
         _pass_progress(progress, n * (trials + 2), total, "rehearsal fidelity (the policy's own calls)"),
         act_sampling=sampling,
     )  # fmt: skip
+    result.own_calls, result.parsed_own_calls, result.equal_to_real_own_calls = own.rehearsals, own.parsed, own.equal
+    result.fields_own_calls = own.fields
     return result
+
+
+@dataclass(frozen=True)
+class _FidelityPass:
+    """One fidelity pass: how many rehearsals were compared, and the shares of :class:`RehearsalCheck`'s fields
+    over them (NaN when none)."""
+
+    rehearsals: int
+    parsed: float
+    schema_ok: float
+    equal: float
+    fields: float
 
 
 def _fidelity(
     policy: Policy, dom: Domain, tasks: list[Any], rehearsal: Any, seed: int, progress: Progress,
     act_sampling: Any = None,
-) -> tuple[int, float, float, float]:
+) -> _FidelityPass:
     """Each task's reference acted (or, given ``act_sampling``, the policy acting) while the policy rehearses
-    every call: how many rehearsals, and the share that parse, pass the ``returns`` schema and equal the real
-    executor's answer for the same call in the same state (NaN when none)."""
+    every call, each rehearsal checked against the real executor's answer for the same call in the same state."""
     act = "reference" if act_sampling is None else "policy"
     rehearsed = collect_rollouts(
         policy, dom, tasks, executor="rehearsal", act=act, on_invalid="feedback", rehearsal=rehearsal,
         act_sampling=act_sampling, seed=seed, progress=progress,
     )  # fmt: skip
-    total = parsed = schema_ok = equal = 0
+    checks = []
     by_id = {task.id: task for task in tasks}  # a task too long to play has no episode
     for episode in rehearsed.episodes:
         task = by_id[episode.task_id]
@@ -236,11 +258,6 @@ def _fidelity(
                 break
             if record["route"] != "rehearsal" or not known:
                 continue
-            check = check_rehearsal(record, truth)
-            total += 1
-            parsed += check.parsed
-            schema_ok += check.schema_ok
-            equal += check.equal
-    if not total:
-        return 0, float("nan"), float("nan"), float("nan")
-    return total, parsed / total, schema_ok / total, equal / total
+            checks.append(check_rehearsal(record, truth))
+    share = lambda name: sum(getattr(c, name) for c in checks) / len(checks) if checks else float("nan")  # noqa: E731
+    return _FidelityPass(len(checks), share("parsed"), share("schema_ok"), share("equal"), share("fields"))

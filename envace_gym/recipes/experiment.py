@@ -657,6 +657,8 @@ def _evaluate(
         "rehearsal_equal_copying": greedy.equal_to_real,  # the call's own result was in the prompt
         "rehearsal_equal_withheld": greedy.equal_to_real_withheld,  # it was not: simulation
         "rehearsal_equal_own_calls": greedy.equal_to_real_own_calls,  # the policy's own calls: simulation
+        "rehearsal_fields_withheld": greedy.fields_withheld,  # graded: fields right, numbers within 1%
+        "rehearsal_fields_own_calls": greedy.fields_own_calls,
         "eval_episodes": greedy.episodes,
         "evaluated_on": config.eval_on,
         "eval_seconds": time.perf_counter() - started,
@@ -696,9 +698,10 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
         "",
         "| condition | success (greedy) | success (sampled) | mean reward (greedy) | valid real calls / episode "
         "| rehearsal = real, own result in prompt (copying) | rehearsal = real, own result withheld (simulation) "
-        "| rehearsal = real, the policy's own calls (simulation) | groups with a reward spread at the start "
+        "| rehearsal = real, the policy's own calls (simulation) | fields right, own result withheld "
+        "| fields right, the policy's own calls | groups with a reward spread at the start "
         "| real tool executions in training | train s | eval s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for condition, by_seed in records.items():
         rows = list(by_seed.values())
@@ -709,7 +712,8 @@ def format_results(config: ExperimentConfig, records: dict[str, dict[int, dict[s
         lines.append(
             f"| {condition} | {col('success')} | {col('success_sampled')} | {col('mean_reward')} "
             f"| {col('valid_real_calls_per_episode')} | {col('rehearsal_equal_copying')} | {col('rehearsal_equal_withheld')} "
-            f"| {col('rehearsal_equal_own_calls')} | {col('groups_with_spread')} | {'/'.join(map(str, executions))} | {col('train_seconds')} | {col('eval_seconds')} |"
+            f"| {col('rehearsal_equal_own_calls')} | {col('rehearsal_fields_withheld')} "
+            f"| {col('rehearsal_fields_own_calls')} | {col('groups_with_spread')} | {'/'.join(map(str, executions))} | {col('train_seconds')} | {col('eval_seconds')} |"
         )
     return "\n".join(lines) + "\n"
 
