@@ -181,3 +181,18 @@ def test_the_trajectory_table_is_the_trajectory():
 
     documented = _table_names("docs/domains.md", "What `score` reads")
     assert documented == {f.name for f in fields(Trajectory)} | {"valid_calls"}
+
+
+def test_the_metric_table_is_the_one_definition():
+    """docs/training.md's metric table is envace_gym.training.metrics' own, and the pure-torch trainer logs every
+    name it says that trainer logs (the TRL trainer's names: tests/test_training.py)."""
+    from envace_gym.testing import tiny_policy
+    from envace_gym.training.trainer import TrainerConfig, train
+    from envace_gym.training.metrics import STEP_METRICS, metrics_table
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    block = re.search(r"<!-- metrics-table:[^>]*-->\n(.*?)\n<!-- /metrics-table -->", text, re.S)
+    assert block is not None and block.group(1) == metrics_table()
+    config = TrainerConfig(domain="units", steps=1, tasks_per_step=1, group_size=2, max_new_tokens=6)
+    (step,) = train(tiny_policy(seed=0), config)
+    assert set(step) == set(STEP_METRICS)

@@ -377,7 +377,7 @@ def test_the_pure_torch_trainer_steps_on_each_layout(family):
     tok = tiny_tokenizer(family=family)
     policy = TransformersPolicy(tiny_model(tok, seed=1), tok)
     history = train(policy, TrainerConfig(domain="units", steps=1, tasks_per_step=2, group_size=2, max_new_tokens=8))
-    assert history[0]["trained_tokens"] > 0
+    assert history[0]["tokens/trained"] > 0
 
 
 def test_the_tokenizers_own_response_parser_never_raises():

@@ -129,7 +129,7 @@ def test_a_failed_judge_is_masked_in_rollouts_and_both_trainers(tmp_path):
     before = [p.detach().clone() for p in policy.model.parameters()]
     (step,) = train(policy, TrainerConfig(domain="desk-judged", steps=1, tasks_per_step=2, group_size=2,
                                           max_new_tokens=8, executor="cached"))  # fmt: skip
-    assert step["trained_tokens"] == 0 and step["masked_episodes"] == 4
+    assert step["tokens/trained"] == 0 and step["episode/masked"] == 4
     assert all(torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True))
 
     path = tmp_path / "tiny"

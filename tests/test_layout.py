@@ -56,6 +56,34 @@ def test_builtin_domains_build_on_the_early_stages_only():
     assert not found, found
 
 
+def _imported(tree: ast.Module) -> list[tuple[int, str]]:
+    """Every absolute module a module imports, at module level or inside functions, with its line."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.append((node.lineno, node.module or ""))
+    return found
+
+
+def test_training_is_plain_torch():
+    """TRL's trainers and their configs live in integrations/trl/, where TRL's users look for them: training/
+    (the pure-torch trainer, the SFT rows, the shared-prefix forward) imports no trl."""
+    found = [
+        f"{path}:{line} {name}"
+        for path, tree in _modules().items()
+        if path.startswith("envace_gym/training/")
+        for line, name in _imported(tree)
+        if name == "trl" or name.startswith("trl.")
+    ]
+    assert not found, found
+    trainers = [p for p in (PACKAGE / "integrations" / "trl").glob("*_trainer.py")]
+    assert {p.name.replace("_trainer", "_config") for p in trainers} <= {
+        p.name for p in (PACKAGE / "integrations" / "trl").glob("*_config.py")
+    }  # a config module beside each trainer module, as TRL lays them out
+
+
 def _modules() -> dict[str, ast.Module]:
     return {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
 

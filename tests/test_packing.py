@@ -249,7 +249,8 @@ def test_trl_trainer_logprobs_and_gradients_equal_trls_own_forward(tiny_path, tm
 def test_sft_trainer_loss_and_gradients_equal_trls_own(tmp_path):
     from trl import SFTConfig, SFTTrainer
 
-    from envace_gym.training import PackedSFTTrainer, sft_dataset
+    from envace_gym.integrations.trl import PackedSFTTrainer
+    from envace_gym.training import sft_dataset
 
     policy = tiny_policy(seed=8)
     dataset = sft_dataset("bank", policy.tokenizer, "train", 2)
@@ -281,7 +282,7 @@ def test_sft_trainer_loss_and_gradients_equal_trls_own(tmp_path):
 
 
 def test_task_grouped_sampler_keeps_each_tasks_rows_together_and_reshuffles_by_epoch():
-    from envace_gym.training import TaskGroupedSampler
+    from envace_gym.integrations.trl import TaskGroupedSampler
 
     groups = ["a", "a", "b", "c", "c", "c", "b"]
     sampler = TaskGroupedSampler(groups, seed=0)
@@ -311,7 +312,7 @@ def test_custom_trainer_packed_and_plain_steps_agree():
         history = train(policy, config)
         results[packing_on] = (history[0], [p.detach().clone() for p in policy.model.parameters()])
     (h_packed, w_packed), (h_plain, w_plain) = results[True], results[False]
-    assert h_packed["trained_tokens"] == h_plain["trained_tokens"] > 0
+    assert h_packed["tokens/trained"] == h_plain["tokens/trained"] > 0
     assert h_packed["loss"] == pytest.approx(h_plain["loss"], abs=1e-5)
     for a, b in zip(w_packed, w_plain, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

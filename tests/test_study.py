@@ -94,7 +94,7 @@ def test_trainer_with_a_frozen_simulator_keeps_it_frozen_and_trains_act_rows_onl
         on_invalid="feedback",
     )  # fmt: skip
     (metrics,) = train(policy, config, simulator=simulator)
-    assert metrics["rows_rehearse"] == 0 and metrics["rows_act"] > 0
+    assert metrics["rows/rehearse"] == 0 and metrics["rows/act"] > 0
     assert all(torch.equal(a, b) for a, b in zip(before, simulator.model.parameters(), strict=True))
 
 
@@ -103,10 +103,12 @@ def test_zero_variance_groups_are_counted_and_refilled():
     policy = tiny_policy(seed=4)  # an untrained model: every episode earns 0, so every group has no spread
     base = dict(domain="units", steps=1, tasks_per_step=2, group_size=2, max_new_tokens=6, on_invalid="feedback")
     (plain,) = train(policy, TrainerConfig(**base))
-    assert plain["zero_std_groups"] == 2 and plain["trained_tokens"] > 0 and plain["loss"] == 0.0
+    assert (plain["frac_reward_zero_std"], plain["rollouts/groups"]) == (1.0, 2)
+    assert plain["tokens/trained"] > 0 and plain["loss"] == 0.0
     (refilled,) = train(policy, TrainerConfig(**base, refill_zero_std=2))
-    assert refilled["zero_std_groups"] == 6  # 2 groups, then 2 rounds of 2 more, none with a spread
-    assert refilled["trained_tokens"] == 0 and refilled["rows_act"] == 0  # nothing informative was kept
+    # 2 groups, then 2 rounds of 2 more, none with a spread
+    assert (refilled["frac_reward_zero_std"], refilled["rollouts/groups"]) == (1.0, 6)
+    assert refilled["tokens/trained"] == 0 and refilled["rows/act"] == 0  # nothing informative was kept
 
 
 def test_reward_spread_tells_groups_with_different_rewards_and_leaves_masked_episodes_out():
@@ -325,7 +327,7 @@ def test_experiment_runs_the_inline_and_frozen_simulator_conditions(tmp_path):
     inline, frozen = records["sft+envace-inline"][0], records["sft+envace-frozen-sim"][0]
     assert inline["real_tool_executions"] == frozen["real_tool_executions"] == 0
     metrics = [json.loads(line) for line in (tmp_path / "seed-0" / "sft+envace-frozen-sim" / "metrics.jsonl").open()]
-    assert metrics[0]["rows_rehearse"] == 0  # the frozen simulator's rows are not trained
+    assert metrics[0]["rows/rehearse"] == 0  # the frozen simulator's rows are not trained
     assert records["sft"][0]["real_tool_executions"] > 0  # SFT's rows are laid out by replaying the references
 
 

@@ -291,7 +291,7 @@ def test_sft_epochs_rule_unless_steps_is_set(tiny_path, tmp_path, capsys):
 
 def test_model_card_names_the_embedded_default_and_passes_a_card_on(tmp_path, monkeypatch, carded_tiny):
     from envace_gym.policy.default_model import default_model_dir
-    from envace_gym.training.model_card import DEFAULT_MODEL_HUB_ID, base_model_name
+    from envace_gym.integrations.trl.model_card import DEFAULT_MODEL_HUB_ID, base_model_name
 
     monkeypatch.setenv("ENVACE_CACHE_DIR", str(tmp_path / "cache"))
     default_model_dir().mkdir(parents=True)

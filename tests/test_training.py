@@ -15,11 +15,11 @@ from envace_gym.episode import Row
 from envace_gym.errors import TrainingConfigError
 from envace_gym.evaluation import evaluate
 from envace_gym.integrations import trl as envace_trl
-from envace_gym.integrations.trl import common, envace_grpo_trainer
+from envace_gym.integrations.trl import envace_grpo_trainer, refusals, trainer_policy
 from envace_gym.integrations.trl import rollout_func as rollout_module
 from envace_gym.rollout import EpisodeResult, RolloutBatch, Sample
 from envace_gym.testing import ScriptedPolicy, tiny_policy
-from envace_gym.training import TrainerConfig, grpo_loss, rolewise_advantages, run_sft, sft_rows
+from envace_gym.training import TrainerConfig, grpo_loss, rolewise_advantages, sft_rows
 from envace_gym.training.trainer import train
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -157,7 +157,7 @@ def test_custom_trainer_runs_on_the_tiny_model(mode):
         TrainerConfig(domain="units", rehearsal_mode=mode, steps=2, tasks_per_step=2, group_size=2, max_new_tokens=12),
     )
     assert [h["step"] for h in history] == [1, 2]
-    assert all(h["trained_tokens"] > 0 and h["seconds"] > 0 for h in history)
+    assert all(h["tokens/trained"] > 0 and h["step_time"] > 0 for h in history)
 
 
 def test_custom_trainer_steps_through_a_batch_whose_every_reward_is_masked():
@@ -176,7 +176,7 @@ def test_custom_trainer_steps_through_a_batch_whose_every_reward_is_masked():
     before = [p.detach().clone() for p in policy.model.parameters()]
     (step,) = train(policy, TrainerConfig(domain="units-verifier-down", steps=1, tasks_per_step=2, group_size=2,
                                           max_new_tokens=8))  # fmt: skip
-    assert step["masked_episodes"] == 4 and step["trained_tokens"] == 0 and math.isnan(step["reward"])
+    assert step["episode/masked"] == 4 and step["tokens/trained"] == 0 and math.isnan(step["reward"])
     assert all(torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True))
 
 
@@ -205,7 +205,7 @@ def test_trl_role_wise_trainer_trains_both_roles(tiny_path, monkeypatch):
         log_completions=True, **CPU,
     )  # fmt: skip
     trainer = envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args, processing_class=tokenizer)
-    policy = common.trainer_policy(trainer)
+    policy = trainer_policy.trainer_policy(trainer)
     monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda _p, _d, ids, *a, **k: crafted_batch(policy, ids))
     inputs = [
         {"prompt": "units/train/000"},
@@ -250,7 +250,7 @@ def envace_trainer(model_path, output_dir, reward_funcs=None, **settings):
 
 def test_trl_masked_episode_leaves_the_loss_its_denominator_and_the_kl(tiny_path, tmp_path, monkeypatch):
     trainer = envace_trainer(tiny_path, tmp_path, beta=0.1)
-    policy = common.trainer_policy(trainer)
+    policy = trainer_policy.trainer_policy(trainer)
     ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
     batch = crafted_batch(policy, ids)
     batch.episodes[1].reward = None  # its verifier could not judge
@@ -274,7 +274,7 @@ def test_trl_and_pure_torch_trainers_agree_on_a_batch_with_a_masked_episode(tiny
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
-    batch = crafted_batch(common.trainer_policy(trainer), ids)  # log-probs of the moved policy: on-policy
+    batch = crafted_batch(trainer_policy.trainer_policy(trainer), ids)  # log-probs of the moved policy: on-policy
     batch.episodes[2].reward = None
     monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda *a, **k: batch)
     out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
@@ -381,7 +381,7 @@ def test_grpo_settings_the_rollouts_would_ignore_are_refused_by_name(tiny_path, 
     name = next(iter(setting))
     with pytest.raises(ValueError, match=f"does not apply {name}="):  # when the config is built, as TRL checks its own
         envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", **setting, **CPU)
-    if name in common.UNUSED_BY_ROLLOUTS:  # GRPOTrainer applies the others itself on the rollout_func path
+    if name in refusals.UNUSED_BY_ROLLOUTS:  # GRPOTrainer applies the others itself on the rollout_func path
         args = GRPOConfig(output_dir=str(tmp_path), **setting, **CPU)
         with pytest.raises(ValueError, match=f"does not apply {name}="):
             envace_trl.make_rollout_func("units")(["units/train/000"], SimpleNamespace(args=args))
@@ -397,7 +397,7 @@ def test_user_reward_funcs_add_to_the_domain_reward_with_their_weights(tiny_path
 
     trainer = envace_trainer(tiny_path, tmp_path, reward_funcs=[brevity], reward_weights=[1.0, 2.0])
     ids = ["units/train/000", "units/train/000", "units/train/001", "units/train/001"]
-    batch = crafted_batch(common.trainer_policy(trainer), ids)  # domain rewards 0, 1, 0, 1
+    batch = crafted_batch(trainer_policy.trainer_policy(trainer), ids)  # domain rewards 0, 1, 0, 1
     monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda *a, **k: batch)
     out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
 
@@ -518,6 +518,8 @@ def test_sft_rows_hold_both_roles_exactly(tokenizer):
 def test_sft_learns_the_reference(tmp_path):
     from datasets import Dataset
 
+    from envace_gym.integrations.trl import run_sft
+
     policy = tiny_policy(seed=4)
     rows = sft_rows("units", policy.tokenizer, ["units/train/000"])
     dataset = Dataset.from_list(rows * 8)
@@ -627,16 +629,16 @@ def test_sharded_parameters_are_refused_before_any_rollout(sharding, tmp_path, m
     with pytest.raises(TrainingConfigError, match=f"cannot generate from sharded parameters \\({name}\\)"):
         envace_trl.make_rollout_func("units")(["units/train/000"], SimpleNamespace(args=args))
     with pytest.raises(TrainingConfigError, match=name):
-        common.refuse_sharded(args, "EnvACEGRPOTrainer")
+        refusals.refuse_sharded(args, "EnvACEGRPOTrainer")
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     monkeypatch.setattr(args, "deepspeed_plugin", SimpleNamespace(zero_stage=2))
-    common.refuse_sharded(args, "EnvACEGRPOTrainer")  # ZeRO-2 keeps whole parameters on every rank
+    refusals.refuse_sharded(args, "EnvACEGRPOTrainer")  # ZeRO-2 keeps whole parameters on every rank
 
 
 def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_path, tmp_path, monkeypatch):
     trainer = envace_trainer(tiny_path, tmp_path)
     ids = ["units/train/000"] * 4  # the dataset held the task twice: two groups of G = 2, not one of 4
-    batch = crafted_batch(common.trainer_policy(trainer), ids)
+    batch = crafted_batch(trainer_policy.trainer_policy(trainer), ids)
     for episode, reward in zip(batch.episodes, [0.0, 0.0, 1.0, 1.0], strict=True):
         episode.reward = reward
     batch.episodes[3].truncated = True
@@ -646,6 +648,10 @@ def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_
 
     metrics = trainer._metrics["eval"]
     assert metrics["rows/act"] == [4.0] and metrics["rows/rehearse"] == [4.0] and metrics["rows/episode"] == [0.0]
+    # the names and meanings the pure-torch trainer logs too (envace_gym.training.metrics)
+    assert metrics["rollouts/groups"] == [2.0] and metrics["frac_reward_zero_std"] == [1.0]
+    assert metrics["episodes"] == [4.0] and metrics["rollouts/real_tool_calls"] == [0.0]
+    assert metrics["tokens/trained"] == [float(sum(sum(s.mask) for s in batch.samples()))]
     assert metrics["completions/mean_length"] == [12.0] and metrics["completions/clipped_ratio"] == [0.25]
     assert metrics["completions/mean_terminated_length"] == [12.0]
     assert list(trainer._logs["prompt"]) == ids and list(trainer._logs["advantages"]) == [0.0] * 4
@@ -662,7 +668,7 @@ def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_
 def test_eval_groups_follow_num_generations_eval(tiny_path, tmp_path, monkeypatch):
     trainer = envace_trainer(tiny_path, tmp_path, num_generations_eval=4, per_device_eval_batch_size=4)
     ids = ["units/train/000"] * 4  # in eval mode TRL repeats each prompt num_generations_eval times: one group
-    batch = crafted_batch(common.trainer_policy(trainer), ids)
+    batch = crafted_batch(trainer_policy.trainer_policy(trainer), ids)
     for episode, reward in zip(batch.episodes, [0.0, 0.0, 1.0, 1.0], strict=True):
         episode.reward = reward
     monkeypatch.setattr(envace_grpo_trainer, "collect_rollouts", lambda *a, **k: batch)

@@ -322,7 +322,7 @@ def test_the_pure_torch_trainer_counts_the_tasks_it_skips():
     config = TrainerConfig(domain=_two_tasks(20_000), executor="cached", steps=1, tasks_per_step=2, group_size=2,
                            max_new_tokens=8)  # fmt: skip
     (step,) = train(tiny_policy(seed=0, max_context=2048), config)
-    assert step["skipped_tasks"] == 1 and step["rows_act"] >= 2  # the other task's episodes still train
+    assert step["rollouts/skipped_tasks"] == 1 and step["rows/act"] >= 2  # the other task's episodes still train
 
 
 @pytest.mark.slow

@@ -321,7 +321,7 @@ def test_the_pure_torch_trainer_trains_the_users_rows_with_their_own_advantages(
     (step,) = trainer_module.train(policy, trainer_module.TrainerConfig(
         domain=_judged_travel(), executor="real", user="rehearse", steps=1, tasks_per_step=1, group_size=2,
         max_new_tokens=128, learning_rate=1e-3))  # fmt: skip
-    assert step["rows_user"] == 3 and step["rows_act"] == 4
+    assert step["rows/user"] == 3 and step["rows/act"] == 4
     user_advantages = [a for role, a in seen["pairs"] if role == "user"]
     assert user_advantages == pytest.approx([2 / 3, -1 / 3, -1 / 3])
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True))

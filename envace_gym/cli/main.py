@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -144,107 +143,11 @@ def _report(table: str, out: str | None) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ..domains.registry import make_domain
-    from ..episode.users import check_user
-    from ..errors import EnvACEError
-    from ..evaluation.evaluate import evaluate
-    from ..policy.factory import make_policy
-    from ..policy.transformers import check_model_source
-    from ..rollout.planner import PlannerConfig
+    from ..recipes.eval import run_eval
 
-    check_model_source(args.model)
-    if args.user == "rehearse":
-        raise EnvACEError("--user rehearse trains the user's turns and evaluation trains nothing: use --user llm")
-    try:
-        check_user(args.user, args.user_model, args.user_temperature, args.user_max_tokens)
-    except ValueError as exc:
-        raise EnvACEError(str(exc).replace("user_temperature", "--user-temperature")) from None
-    if args.num_tasks < 1 or args.trials < 1 or min(args.budget) < 0 or args.horizon < 1:
-        raise EnvACEError("--num-tasks, --trials and --horizon must be at least 1, --budget at least 0")
-    if any(bound is not None and bound < 1 for bound in (args.max_steps, args.max_errors)):
-        raise EnvACEError("--max-steps and --max-errors must be at least 1")
-    if args.agent_prompt is not None and not args.domain.startswith("tau2:"):
-        raise EnvACEError("--agent-prompt chooses the agent's system prompt of a tau2:* domain")
-    # an unknown domain fails before the model loads
-    domain = make_domain(args.domain, **({"agent_prompt": args.agent_prompt} if args.agent_prompt else {}))
-    policy = make_policy(args.model, backend=args.backend)
-    runs = []
-    settings = [(None, 0, None)]
-    if args.rehearse:
-        settings = [(m, b, c) for c in args.commit for m in args.rehearse for b in args.budget]
-    for mode, budget, commit in settings:
-        planner = None
-        if mode is not None and budget > 0:
-            planner = PlannerConfig(
-                budget=budget, mode=mode, horizon=args.horizon, max_new_tokens=args.max_new_tokens, commit=commit
-            )
-        label = "plain acting" if planner is None else f"{mode}, N={budget}"
-        if planner is not None and args.commit != ["memory"]:
-            label += f", commit={commit}"
-        if mode is not None and budget == 0 and any(r[0] == "plain acting" for r in runs):
-            continue  # N=0 is plain acting, whatever the mode
-        result = evaluate(
-            policy, domain, args.split, args.num_tasks, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, top_p=args.top_p, fidelity=not args.no_fidelity and not runs, planner=planner,
-            seed=args.seed, progress=True, user=args.user, user_model=args.user_model, trials=args.trials,
-            user_temperature=args.user_temperature, user_max_tokens=args.user_max_tokens, max_steps=args.max_steps,
-            max_errors=args.max_errors,
-        )  # fmt: skip
-        runs.append(("plain acting" if planner is None else label, result))
-        if args.out:  # after every setting, so a long table interrupted midway keeps what it measured
-            _write_eval_json(args.out, runs)
-        if len(settings) > 1:
-            print(f"{label}: success {result.success_rate:.3f}, reward {result.mean_reward:.3f}", flush=True)
-    if len(runs) == 1:
-        result = runs[0][1]
-        print(f"\n{result.domain} / {result.split}: {result.episodes} episodes, {result.executor} execution, "
-              f"{result.user} user")  # fmt: skip
-        print(f"  success rate       {result.success_rate:.3f}")
-        print(f"  mean reward        {result.mean_reward:.3f}")
-        if result.trials > 1:
-            print(f"  pass^k             {', '.join(f'pass^{k} {v:.3f}' for k, v in result.pass_k.items())} "
-                  f"({result.trials} trials per task)")  # fmt: skip
-        print(f"  endings            {', '.join(f'{k} {v}' for k, v in sorted(result.terminations.items()))}")
-        if result.masked_episodes:
-            print(f"  masked episodes    {result.masked_episodes} (the verifier or judge could not score them: out "
-                  "of the success rate and the reward)")  # fmt: skip
-        if result.user_failures:
-            print(f"  user failures      {result.user_failures} (the simulated user's reply could not be used: "
-                  "failed runs, reward 0)")  # fmt: skip
-        if result.skipped_tasks:
-            print(f"  skipped tasks      {result.skipped_tasks} (their opening prompt does not fit the context)")
-        if result.rehearsals:
-            print(f"  rehearsals         {result.rehearsals} (of reference calls)")
-            print(f"  parse              {result.parsed:.3f}")
-            print(f"  returns schema ok  {result.schema_ok:.3f}")
-            print(f"  equal to real      {result.equal_to_real:.3f} (the call's own result in the prompt: copying; "
-                  f"fields right {result.fields:.3f})")  # fmt: skip
-            print(f"  ... own withheld   {result.equal_to_real_withheld:.3f} (simulation; parse "
-                  f"{result.parsed_withheld:.3f}, fields right {result.fields_withheld:.3f})")  # fmt: skip
-            print(f"  policy's own calls {result.equal_to_real_own_calls:.3f} equal to real, {result.own_calls} calls "
-                  f"(simulation; parse {result.parsed_own_calls:.3f}, fields right {result.fields_own_calls:.3f})")  # fmt: skip
-    else:
-        print(
-            f"\n{runs[0][1].domain} / {runs[0][1].split}, {runs[0][1].episodes} episodes, {runs[0][1].executor} execution, model {args.model or 'default'}"
-        )
-        select = "select" in args.commit
-        print(
-            "| private rehearsal | success rate | mean reward | real-executor calls | Act tokens | rehearsal tokens |"
-            + (" turns from a kept rehearsal |" if select else "")
-        )
-        print("|---|---|---|---|---|---|" + ("---|" if select else ""))
-        for label, r in runs:
-            print(
-                f"| {label} | {r.success_rate:.3f} | {r.mean_reward:.3f} | {r.real_calls} | {r.act_tokens} | {r.rehearsal_tokens} |"
-                + (f" {r.kept_turns} |" if select else "")
-            )
+    settings = {k: v for k, v in vars(args).items() if k not in ("func", "command", "no_fidelity")}
+    run_eval(**settings, fidelity=not args.no_fidelity)
     return 0
-
-
-def _write_eval_json(path: str, runs: list[tuple[str, Any]]) -> None:
-    records = [{"setting": label, **r.to_dict()} for label, r in runs]
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(records[0] if len(records) == 1 else records, f, indent=2)
 
 
 def _train(argv: Sequence[str]) -> int:

@@ -1,3 +1,3 @@
 """End-to-end runs behind the ``envace`` commands, built from the stages below: ``train``, ``experiment``,
-``demo`` and ``bench`` (one module each; import the one you need).
+``eval``, ``demo`` and ``bench`` (one module each; import the one you need).
 """

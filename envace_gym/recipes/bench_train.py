@@ -4,7 +4,7 @@ Every comparison runs both sides on the same rows, one after the other in one ru
 worker process (so its peak resident memory is its own) and prints their ratio; these machines are noisy, so
 compare ratios, not absolute figures.
 
-1. **SFT**: the SFT rows of a domain, trained for a few optimizer steps by :class:`~envace_gym.training.sft.PackedSFTTrainer`
+1. **SFT**: the SFT rows of a domain, trained for a few optimizer steps by :class:`~envace_gym.integrations.trl.PackedSFTTrainer`
    (batches of one task's rows), with the shared-prefix forward against TRL's own per-row forward over the
    same batches; and once more with gradient checkpointing, for memory.
 2. **GRPO batches**: the training rows of one batch of rollouts (``tasks x G`` episodes played by the model):
@@ -51,7 +51,8 @@ def _sft_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     from ..policy.factory import make_policy
     from ..training.memory import return_freed_memory
-    from ..training.sft import TaskGroupedSampler, run_sft, sft_dataset
+    from ..integrations.trl.packed_sft_trainer import TaskGroupedSampler, run_sft
+    from ..training.sft import sft_dataset
 
     torch.manual_seed(0)
     if spec["checkpointing"]:  # as `envace train --gradient_checkpointing` does

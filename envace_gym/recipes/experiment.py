@@ -511,6 +511,7 @@ def _sft_stage(config: ExperimentConfig, domain: Any, start: str, stage: Path, s
 def _rl_stage(
     config: ExperimentConfig, domain: Any, sft: Path, stage: Path, seed: int, condition: str, budget: int, log: Any
 ) -> dict[str, Any]:
+    from ..training import metrics
     from ..training.options import enable_checkpointing
     from ..training.trainer import TrainerConfig, train
 
@@ -553,8 +554,9 @@ def _rl_stage(
 
     log(f"[seed {seed}] {condition}: {config.rl_steps} steps of {config.tasks_per_step} tasks x {config.group_size} ...")
     def progress(m: dict[str, Any]) -> None:
-        log(f"[seed {seed}] {condition}: step {m['step']}/{config.rl_steps}, reward {m['reward']:.3f}, success "
-            f"{m['success']:.3f}, zero-variance groups {m['zero_std_groups']}, {m['seconds']:.0f} s")  # fmt: skip
+        log(f"[seed {seed}] {condition}: step {m[metrics.STEP]}/{config.rl_steps}, reward {m[metrics.REWARD]:.3f}, "
+            f"success {m[metrics.SUCCESS]:.3f}, zero-variance groups {_zero_std_groups(m)}, "
+            f"{m[metrics.STEP_TIME]:.0f} s")  # fmt: skip
 
     def at_checkpoint(step: int) -> None:  # every step is saved (a run cut off loses one step at most)
         if step % config.eval_every == 0 or step == config.rl_steps:
@@ -571,11 +573,18 @@ def _rl_stage(
     return {
         **final,
         "curve": curve,
-        "train_seconds": sum(h["seconds"] for h in history),  # rollouts and updates, evaluations left out
-        "real_tool_executions": sum(h["real_tool_calls"] for h in history),
-        "zero_std_groups": sum(h["zero_std_groups"] for h in history),
+        "train_seconds": sum(h[metrics.STEP_TIME] for h in history),  # rollouts and updates, evaluations left out
+        "real_tool_executions": sum(h[metrics.REAL_TOOL_CALLS] for h in history),
+        "zero_std_groups": sum(_zero_std_groups(h) for h in history),
         "trained_on": f"reward={config.reward}, executor={settings['executor']}",
     }
+
+
+def _zero_std_groups(step: dict[str, Any]) -> int:
+    """How many of a step's groups had no reward spread (the trainer logs their share)."""
+    from ..training import metrics
+
+    return round(step[metrics.ZERO_STD] * step[metrics.GROUPS]) if step[metrics.GROUPS] else 0
 
 
 def _load(path: str, train_layers: int | None) -> Any:

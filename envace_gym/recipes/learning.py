@@ -65,6 +65,7 @@ def learning_check(
 
     from ..domains.registry import make_domain
     from ..policy.transformers import TransformersPolicy
+    from ..training import metrics
     from ..training.sft import sft_steps, tiny_start_model
     from ..training.trainer import TrainerConfig, train
 
@@ -96,9 +97,9 @@ def learning_check(
         "seed": seed,
         "before": before,
         "after": after,
-        "real_tool_calls": sum(h["real_tool_calls"] for h in history),
-        "rows_rehearse": sum(h["rows_rehearse"] for h in history),
-        "train_success": [h["success"] for h in history],
+        "real_tool_calls": sum(h[metrics.REAL_TOOL_CALLS] for h in history),
+        "rows_rehearse": sum(h[metrics.rows("rehearse")] for h in history),
+        "train_success": [h[metrics.SUCCESS] for h in history],
         "sft_seconds": sft_seconds,
         "rl_seconds": rl_seconds,
         "seconds": time.perf_counter() - started,

@@ -327,7 +327,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         seed=config.seed,
     )
     if config.mode == "sft":
-        from ..training.sft import run_sft, sft_dataset
+        from ..integrations.trl.packed_sft_trainer import run_sft
+        from ..training.sft import sft_dataset
 
         dataset = sft_dataset(domain, tokenizer, "train", config.sft_tasks)
         trainer = run_sft(
@@ -406,7 +407,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if trainer.accelerator.is_main_process:  # one writer under `accelerate launch`
         model.save_pretrained(final)
         tokenizer.save_pretrained(final)
-        trainer.create_model_card(model_name=out.name)  # names the base model (envace_gym.training.model_card)
+        trainer.create_model_card(model_name=out.name)  # names the base model (envace_gym.integrations.trl.model_card)
         if (out / "README.md").is_file():
             shutil.copyfile(out / "README.md", final / "README.md")  # so a run started from final/ names it too
         with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:

@@ -40,6 +40,7 @@ from ..policy.protocol import Policy
 from ..policy.transformers import TransformersPolicy
 from ..rehearsal.prompt import rollout_sampling
 from ..rollout.collector import RolloutBatch, Sample, collect_rollouts
+from . import metrics
 from .advantages import rolewise_advantages
 from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
 from .state import load_state, save_state
@@ -121,7 +122,7 @@ class TrainerConfig:
         metadata={
             "help": "DAPO-style dynamic sampling: up to this many extra rollout rounds per step replace the groups "
             "whose episodes all earned the same reward (they carry no gradient), and such groups leave the "
-            "token-mean; 0: keep every group (the paper's). Either way zero_std_groups is logged."
+            "token-mean; 0: keep every group (the paper's). Either way frac_reward_zero_std is logged."
         },
     )
     seed: int = field(default=0, metadata={"help": "Seeds task draws and sampling."})
@@ -309,13 +310,13 @@ def train(
             )  # fmt: skip
 
         batch = roll_out(config.tasks_per_step)
-        zero_std, skipped = _zero_std_groups(batch), batch.stats.get("skipped_tasks", 0)
+        zero_std, played, skipped = _zero_std_groups(batch), _groups(batch), batch.stats.get("skipped_tasks", 0)
         if config.refill_zero_std:  # DAPO: keep only groups with a reward spread, refill the rest
             batch, rounds = _informative(batch), 0
             while _groups(batch) < config.tasks_per_step and rounds < config.refill_zero_std:
                 rounds += 1
                 extra = roll_out(config.tasks_per_step - _groups(batch))
-                zero_std += _zero_std_groups(extra)
+                zero_std, played = zero_std + _zero_std_groups(extra), played + _groups(extra)
                 skipped += extra.stats.get("skipped_tasks", 0)
                 batch = _merge(batch, _informative(extra))
         # (with a refill, the batch and the metrics below hold the kept groups only)
@@ -349,27 +350,28 @@ def train(
 
         rewards = [e.reward for e in batch.episodes if e.reward is not None]
         real_calls = sum(c["route"] == "real" for e in batch.episodes for c in e.calls)
-        metrics = {
-            "step": step + 1,
-            "reward": float(np.mean(rewards)) if rewards else float("nan"),
-            "success": float(np.mean([e.success for e in batch.episodes])) if batch.episodes else float("nan"),
-            "loss": totals["loss"],
-            "grad_norm": grad_norm,
-            "clip_fraction": totals["clipped"] / max(trained_tokens, 1),
-            "kl": totals["kl"] / max(trained_tokens, 1),
-            "rows_act": sum(s.role == "act" for s in samples),
-            "rows_rehearse": sum(s.role == "rehearse" for s in samples),
-            "rows_user": sum(s.role == "user" for s in samples),
-            "trained_tokens": trained_tokens,
-            "masked_episodes": sum(e.reward is None for e in batch.episodes),  # their verifier could not score them
-            "zero_std_groups": zero_std,  # groups whose episodes all earned the same reward: no gradient from them
-            "skipped_tasks": skipped,  # drawn but too long to play (TaskTooLongError): no episode
-            "real_tool_calls": real_calls,  # calls the real executor answered (0 with executor="rehearsal")
-            "seconds": time.perf_counter() - started,
+        logged = {  # the names every trainer logs (envace_gym.training.metrics)
+            metrics.STEP: step + 1,
+            metrics.REWARD: float(np.mean(rewards)) if rewards else float("nan"),
+            metrics.SUCCESS: float(np.mean([e.success for e in batch.episodes])) if batch.episodes else float("nan"),
+            metrics.LOSS: totals["loss"],
+            metrics.GRAD_NORM: grad_norm,
+            metrics.KL: totals["kl"] / max(trained_tokens, 1),
+            metrics.CLIP_RATIO: totals["clipped"] / max(trained_tokens, 1),
+            metrics.ZERO_STD: zero_std / played if played else float("nan"),  # no reward spread: no gradient
+            metrics.GROUPS: played,
+            metrics.SKIPPED_TASKS: skipped,  # drawn but too long to play (TaskTooLongError): no episode
+            metrics.REAL_TOOL_CALLS: real_calls,  # 0 with executor="rehearsal"
+            metrics.EPISODES: len(batch.episodes),
+            metrics.TURNS: float(np.mean([e.turns for e in batch.episodes])) if batch.episodes else float("nan"),
+            metrics.MASKED: sum(e.reward is None for e in batch.episodes),  # their verifier could not score them
+            metrics.TRAINED_TOKENS: trained_tokens,
+            **{metrics.rows(role): sum(s.role == role for s in samples) for role in metrics.ROLES},
+            metrics.STEP_TIME: time.perf_counter() - started,
         }
-        history.append(metrics)
+        history.append(logged)
         if log is not None:
-            log(metrics)
+            log(logged)
         last = step + 1 == config.steps
         if checkpoint is not None and (last or (checkpoint_every and (step + 1) % checkpoint_every == 0)):
             if on_checkpoint is not None:

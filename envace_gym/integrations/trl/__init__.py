@@ -1,5 +1,5 @@
-"""World rehearsal in TRL's ``GRPOTrainer`` (trl >= 1.16), laid out as TRL lays out its trainers: a config
-module beside each trainer module.
+"""World rehearsal in TRL's trainers (trl >= 1.16), laid out as TRL lays out its trainers: a config module
+beside each trainer module.
 
 Three ways in, from least to most EnvACE:
 
@@ -13,17 +13,26 @@ Three ways in, from least to most EnvACE:
   mode: every Act turn and every rehearsal is its own row, A = R - mean(R of that role in the group)
   (``envace_grpo_trainer.py``, ``envace_grpo_config.py``).
 
-Both trainers here compute their log-probabilities with the shared-prefix forward (``shared_prefix.py``),
+The SFT warm start: :class:`PackedSFTTrainer` + :class:`PackedSFTConfig`, TRL's ``SFTTrainer`` with the same
+forward on the rows of :mod:`envace_gym.training.sft`, set up by :func:`run_sft` (``packed_sft_trainer.py``,
+``packed_sft_config.py``). The trainers name the model a run started from in their model cards
+(``model_card.py``).
+
+Both GRPO trainers here compute their log-probabilities with the shared-prefix forward (``shared_prefix.py``),
 and with ``use_vllm=True`` generate with TRL's colocated engine, on vLLM's CPU backend too
-(``colocated_vllm.py``). The dataset of task ids is :func:`task_dataset` (``common.py``).
+(``colocated_vllm.py``). The dataset of task ids is :func:`task_dataset` (``dataset.py``); the trainer's
+weights and sampling reach the collector through ``trainer_policy.py``; the TRL settings rollouts would not
+apply are refused by name (``refusals.py``).
 """
 
 from .colocated_vllm import ColocatedVLLMMixin
-from .common import task_dataset
+from .dataset import task_dataset
 from .envace_grpo_config import EnvACEGRPOConfig
 from .envace_grpo_trainer import EnvACEGRPOTrainer
 from .packed_grpo_config import PackedGRPOConfig
 from .packed_grpo_trainer import PackedGRPOTrainer
+from .packed_sft_config import PackedSFTConfig
+from .packed_sft_trainer import PackedSFTTrainer, TaskGroupedSampler, run_sft
 from .real_tools import RealToolsBaseline, real_tools_environment, real_tools_reward
 from .rollout_func import envace_reward, make_rollout_func
 from .shared_prefix import SharedPrefixMixin
@@ -34,11 +43,15 @@ __all__ = [
     "EnvACEGRPOTrainer",
     "PackedGRPOConfig",
     "PackedGRPOTrainer",
+    "PackedSFTConfig",
+    "PackedSFTTrainer",
     "RealToolsBaseline",
     "SharedPrefixMixin",
+    "TaskGroupedSampler",
     "envace_reward",
     "make_rollout_func",
     "real_tools_environment",
     "real_tools_reward",
+    "run_sft",
     "task_dataset",
 ]

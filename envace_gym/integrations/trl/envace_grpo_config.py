@@ -9,7 +9,7 @@ from ...episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
 from ...episode.users import check_user
 from ...errors import TrainingConfigError
 from .colocated_vllm import refuse_vllm_settings
-from .common import UNUSED_BY_ENVACE_TRAINER, refuse_sharded, refuse_unused
+from .refusals import UNUSED_BY_ENVACE_TRAINER, refuse_sharded, refuse_unused
 from .packed_grpo_config import PackedGRPOConfig
 
 

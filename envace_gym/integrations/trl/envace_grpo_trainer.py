@@ -19,13 +19,15 @@ from trl.trainer.utils import pad, use_adapter
 from ...domains.registry import make_domain
 from ...errors import TrainingConfigError
 from ...rollout.collector import RolloutBatch, collect_rollouts
+from ...training import metrics as names
 from ...training.advantages import rolewise_advantages
-from ...training.model_card import BaseModelCardMixin
 from .colocated_vllm import ColocatedVLLMMixin, importance_sampling_ratio
-from .common import task_dataset, task_ids, trainer_policy, trl_sampling
+from .dataset import task_dataset, task_ids
 from .envace_grpo_config import EnvACEGRPOConfig
+from .model_card import BaseModelCardMixin
 from .rollout_func import envace_reward
 from .shared_prefix import SharedPrefixMixin
+from .trainer_policy import trainer_policy, trl_sampling
 
 
 class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixin, GRPOTrainer):
@@ -225,22 +227,32 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
                     metrics[f"{name}/max"].append(max(every))
                     if name.endswith("ratio"):
                         metrics[f"{name}/min"].append(min(every))
-        metrics["reward"].append(_mean(gather_object([r for r in rewards if r is not None])))
-        metrics["success"].append(_mean(gather_object([float(e.success) for e in batch.episodes])))
+        # envace_gym.training.metrics: the names (and meanings) the pure-torch trainer logs too
+        metrics[names.REWARD].append(_mean(gather_object([r for r in rewards if r is not None])))
+        metrics[names.SUCCESS].append(_mean(gather_object([float(e.success) for e in batch.episodes])))
         # separate mode: act + rehearse rows; inline: one episode row each; user="rehearse": user rows too
-        for role in ("act", "rehearse", "episode", "user"):
-            metrics[f"rows/{role}"].append(float(sum(gather_object([sum(s.role == role for s in samples)]))))
+        for role in names.ROLES:
+            metrics[names.rows(role)].append(float(sum(gather_object([sum(s.role == role for s in samples)]))))
         self._log_completions(batch, samples, rewards, groups, mode)
-        metrics["episodes"].append(float(sum(gather_object([len(batch.episodes)]))))
+        metrics[names.EPISODES].append(float(sum(gather_object([len(batch.episodes)]))))
         tokens = sum(gather_object([sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)]))
         if mode == "train":  # TRL's count: every row's prompt and completion tokens
             self.state.num_input_tokens_seen += tokens
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        trained_tokens = sum(gather_object([sum(sum(s.mask) for s in samples if s.reward is not None)]))
+        metrics[names.TRAINED_TOKENS].append(float(trained_tokens))
+        spread: dict[Any, set[float]] = {}  # per group, its scored episodes' rewards
+        for group, reward in gather_object([(groups[i], r) for i, r in enumerate(rewards) if r is not None]):
+            spread.setdefault(group, set()).add(round(reward, 9))
+        metrics[names.GROUPS].append(float(len(spread)))
+        metrics[names.ZERO_STD].append(_mean([float(len(r) == 1) for r in spread.values()]))
+        real = sum(gather_object([sum(c["route"] == "real" for e in batch.episodes for c in e.calls)]))
+        metrics[names.REAL_TOOL_CALLS].append(float(real))
         skipped = sum(gather_object([batch.stats.get("skipped_tasks", 0)]))  # too long to play: no episode
-        metrics["rollouts/skipped_tasks"].append(float(skipped))
-        metrics["episode/turns"].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
+        metrics[names.SKIPPED_TASKS].append(float(skipped))
+        metrics[names.TURNS].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
         masked = sum(gather_object([int(r is None) for r in rewards]))
-        metrics["episode/masked"].append(float(masked))
+        metrics[names.MASKED].append(float(masked))
         self.masked_episodes = getattr(self, "masked_episodes", 0) + masked  # this run's, over all processes
         self._envace_batches = getattr(self, "_envace_batches", 0) + 1
         metrics["rollouts/batches_this_run"].append(float(self._envace_batches))  # restarts at 1 on --resume

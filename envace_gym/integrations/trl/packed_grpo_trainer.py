@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trl import GRPOTrainer
 
-from ...training.model_card import BaseModelCardMixin
+from .model_card import BaseModelCardMixin
 from .colocated_vllm import ColocatedVLLMMixin
 from .shared_prefix import SharedPrefixMixin
 

@@ -17,7 +17,7 @@ from ...domains.task import Task
 from ...domains.trajectory import CallRecord, Trajectory
 from ...episode.types import REWARDS
 from ...tools.schema import ToolCall
-from .common import task_dataset
+from .dataset import task_dataset
 
 logger = logging.getLogger(__name__)
 

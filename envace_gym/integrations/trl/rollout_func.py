@@ -14,7 +14,9 @@ from ...domains.domain import Domain
 from ...domains.registry import make_domain
 from ...rollout.collector import collect_rollouts
 from .colocated_vllm import refuse_vllm_settings
-from .common import UNUSED_BY_ROLLOUTS, refuse_sharded, refuse_unused, task_ids, trainer_policy, trl_sampling
+from .dataset import task_ids
+from .refusals import UNUSED_BY_ROLLOUTS, refuse_sharded, refuse_unused
+from .trainer_policy import trainer_policy, trl_sampling
 
 
 def envace_reward(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..policy.precision import dtype_name
+from ...policy.precision import dtype_name
 
 DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -24,7 +24,7 @@ def base_model_name(name_or_path: str | None) -> str | None:
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         return name_or_path  # a hub id
-    from ..policy.default_model import default_model_dir
+    from ...policy.default_model import default_model_dir
 
     if path.resolve() == default_model_dir().resolve():
         return DEFAULT_MODEL_HUB_ID

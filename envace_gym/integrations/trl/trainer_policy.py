@@ -1,0 +1,42 @@
+"""The trainer as the collector's source: its weights as a :class:`~envace_gym.policy.Policy`, TRL's sampling
+settings as both roles' sampling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...policy.protocol import Policy, SamplingParams
+from ...policy.transformers import TransformersPolicy
+from ...rehearsal.prompt import RehearsalConfig, rollout_sampling
+
+
+def trainer_policy(trainer: Any) -> Policy:
+    """The trainer's model (the weights being trained) as a Policy; cached per trainer. With ``use_vllm`` it is
+    TRL's colocated engine (which the trainer loads its weights into once per optimizer step). Otherwise the
+    model itself: with ``bf16`` it samples under the same autocast as the loss, so the recorded log-probs are the
+    ones the loss recomputes."""
+    if getattr(trainer.args, "use_vllm", False):
+        policy = getattr(trainer, "_envace_policy", None)
+        if policy is None:
+            from ...policy.vllm import VLLMPolicy
+
+            policy = VLLMPolicy.from_engine(trainer.vllm_generation.llm, trainer.processing_class)
+            trainer._envace_policy = policy
+        return policy
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    policy = getattr(trainer, "_envace_policy", None)
+    if policy is None or policy.model is not model:
+        policy = TransformersPolicy(
+            model, trainer.processing_class, max_context=getattr(model.config, "max_position_embeddings", None),
+            compute_dtype=torch.bfloat16 if getattr(trainer.args, "bf16", False) else None,
+        )  # fmt: skip
+        trainer._envace_policy = policy
+    return policy
+
+
+def trl_sampling(args: Any) -> tuple[SamplingParams, RehearsalConfig]:
+    """Both roles' sampling from TRL's settings: ``max_completion_length`` is each generation's budget."""
+    tokens = getattr(args, "max_completion_length", 256) or 256
+    return rollout_sampling(tokens, getattr(args, "temperature", 1.0), getattr(args, "top_p", 1.0) or 1.0)
