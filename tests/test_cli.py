@@ -22,7 +22,7 @@ def test_domains_lists_the_builtins(capsys):
 
 def test_domains_lists_without_building(capsys, monkeypatch):
     """The plain listing reads each factory's description; a factory that fails when called is never called."""
-    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))  # leaves no trace
+    monkeypatch.setattr(registry, "_SPECS", dict(registry._SPECS))  # leaves no trace
 
     def broken() -> Domain:
         """Fails when built."""
@@ -31,16 +31,16 @@ def test_domains_lists_without_building(capsys, monkeypatch):
     register_domain("broken", broken)
     assert main(["domains"]) == 0
     out = capsys.readouterr().out
-    assert "broken   Fails when built" in out and "units    Unit conversion: one tool call, one number." in out
+    assert "broken     Fails when built" in out and "units-v0   Unit conversion: one tool call, one number." in out
     assert "tasks" not in out  # nothing was counted
     assert main(["domains", "--details"]) == 0
-    assert "broken   not available: this domain was built" in capsys.readouterr().out
+    assert "broken     not available: this domain was built" in capsys.readouterr().out
 
 
 def test_domains_named_are_built_and_a_typo_is_answered(capsys):
     assert main(["domains", "units", "bank"]) == 0
     out = capsys.readouterr().out
-    assert "units      3 tools, 1000 train, 200 test tasks" in out and "bank       4 tools" in out
+    assert "units-v0     3 tools, 1000 train, 200 test tasks" in out and "bank-v0      4 tools" in out
     assert "travel" not in out
     assert main(["domains", "bnak"]) == 2
     assert "did you mean 'bank'?" in capsys.readouterr().err

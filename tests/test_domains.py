@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from envace_gym.envs import BUILTIN_DOMAINS
 
 import envace_gym  # noqa: F401  (registers the ids)
 from envace_gym import (
@@ -162,15 +164,80 @@ def test_lazy_tasks_build_each_task_once_on_first_access():
 
 
 def test_registry_of_domain_names():
-    assert set(BUILTIN) <= set(list_domains())
+    assert {f"{name}-v0" for name in BUILTIN} <= set(list_domains())
     with pytest.raises(DomainError, match="already registered"):
+        register_domain("bank-v0", Domain)
+    with pytest.raises(DomainError, match=r"already registered, as \['bank-v0'\]"):  # "bank" means bank-v0
         register_domain("bank", Domain)
     with pytest.raises(DomainError, match="unknown domain"):
         make_domain("no-such-domain")
 
 
+# What each versioned id's episodes are, fingerprinted when the id was registered (its limits, its system prompt,
+# its first tasks of each split with their tools): a change to a task generator, to benchmark data or to a limit
+# registers a new version (envs/__init__.py) instead of changing what a published figure's id names.
+FROZEN = {
+    "units-v0": "7c0f40e5620b6a5e",
+    "bank-v0": "b3561b99f5726ff5",
+    "travel-v0": "779c94d35227e0d4",
+    "lights-v0": "efe2c5c5a281bfc7",
+    "lights:easy-v0": "d2e8d0f463ee00e3",
+    "lights:favorite-v0": "1dd08c307f1e0464",
+    "bfcl:simple_python-v0": "80c7134bcf376896",
+    "bfcl:multi_turn_base-v0": "1ca0e47681e888b0",
+    "tau2:retail-v0": "c0599e40d0136bf2",
+}
+BENCHMARK_PACKAGES = {"bfcl": "bfcl_eval", "tau2": "tau2"}
+
+
+def fingerprint(domain: Domain, count: int = 5) -> str:
+    tasks = [task for split in ("train", "test") for task in domain.tasks(split)[:count]]
+    what = {
+        "max_turns": domain.max_turns,
+        "system_prompt": domain.system_prompt,
+        "tasks": [{**t.to_dict(), "tools": domain.tools_for(t).to_openai(domain.whitelist(t))} for t in tasks],
+    }
+    return hashlib.sha256(canonical_json(what).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("domain_id", sorted(FROZEN))
+def test_a_versioned_id_is_frozen(domain_id):
+    family = domain_id.partition(":")[0]
+    if family in BENCHMARK_PACKAGES:
+        pytest.importorskip(BENCHMARK_PACKAGES[family], reason=f"{domain_id}: benchmark data not installed")
+    domain = make_domain(domain_id)
+    assert domain.id == domain_id
+    assert fingerprint(domain) == FROZEN[domain_id], f"{domain_id} changed: register a new version instead"
+
+
+def test_every_builtin_id_is_fingerprinted():
+    families = {domain_id.partition(":")[0].rpartition("-v")[0] for domain_id in FROZEN}
+    assert {spec.name for spec in BUILTIN_DOMAINS} <= families | {"bfcl", "tau2"}  # a family: its members above
+    assert {"bfcl", "tau2"} <= {domain_id.partition(":")[0] for domain_id in FROZEN}
+
+
+def test_versioned_ids_resolve_like_gymnasiums(monkeypatch):
+    """A bare name is its latest version; a family's member takes the family's version and limits; an unknown
+    version is refused with the ones that exist."""
+    monkeypatch.setattr(envace_gym.domains.registry, "_SPECS", dict(envace_gym.domains.registry._SPECS))
+    units = make_domain("units")
+    assert (units.id, units.name, units.max_turns) == ("units-v0", "units", 4)  # the spec's limit
+    assert [t.id for t in units.tasks("test")[:2]] == [t.id for t in make_domain("units-v0").tasks("test")[:2]]
+    easy = make_domain("lights:easy")
+    assert (easy.id, easy.name, easy.max_turns) == ("lights:easy-v0", "lights:easy", 3)
+    register_domain("units-v1", "envace_gym.envs.units:UnitsDomain", max_turns=2, kwargs={"seed": 7})
+    assert make_domain("units").id == "units-v1" and make_domain("units").max_turns == 2
+    assert make_domain("units-v0").max_turns == 4  # the old id still names what it named
+    assert make_domain("units-v1").tasks("train")[0].prompt != units.tasks("train")[0].prompt  # its kwargs
+    with pytest.raises(DomainError, match=r"'units-v9': no such version; registered: \['units-v0', 'units-v1'\]"):
+        make_domain("units-v9")
+    assert gym.make("EnvACE-Rehearsal-v0", domain="units-v0", policy=ScriptedPolicy(["hi"])).unwrapped.domain.id == (
+        "units-v0"
+    )
+
+
 def test_an_unknown_name_is_answered_with_a_close_match(monkeypatch):
-    with pytest.raises(DomainError, match=r"unknown domain 'bnak'; did you mean 'bank'\? registered: \[.*'bank'"):
+    with pytest.raises(DomainError, match=r"unknown domain 'bnak'; did you mean 'bank'\? registered: \[.*'bank-v0'"):
         make_domain("bnak")
     monkeypatch.setattr(sys, "path", list(sys.path))  # a failed "module:attr" import may add the cwd to sys.path
     with pytest.raises(DomainError, match=r"did you mean 'bfcl:parallel'\?"):  # a family typo keeps the member
@@ -182,7 +249,7 @@ def test_an_unknown_name_is_answered_with_a_close_match(monkeypatch):
 
 def test_a_domain_is_described_without_building_or_importing_it(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        envace_gym.domains.registry, "_FACTORIES", dict(envace_gym.domains.registry._FACTORIES)
+        envace_gym.domains.registry, "_SPECS", dict(envace_gym.domains.registry._SPECS)
     )  # leaves no trace
     (tmp_path / "heavy_domain_example.py").write_text(
         'raise RuntimeError("importing this module is what listing must not do")\n\n\n'
@@ -206,6 +273,7 @@ def test_a_domain_is_described_without_building_or_importing_it(tmp_path, monkey
     assert envace_gym.domains.registry.describe_domain("missing") == ""
     assert envace_gym.domains.registry.describe_domain("factory") == "A factory that fails when called"
     assert envace_gym.domains.registry.describe_domain("units") == "Unit conversion: one tool call, one number."
+    assert envace_gym.domains.registry.describe_domain("units-v0") == "Unit conversion: one tool call, one number."
     assert "heavy_domain_example" not in sys.modules
     with pytest.raises(DomainError, match="did you mean 'heavy'"):
         envace_gym.domains.registry.describe_domain("heavyy")
@@ -449,7 +517,7 @@ def test_domains_declared_by_installed_packages(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(
-        envace_gym.domains.registry, "_FACTORIES", dict(envace_gym.domains.registry._FACTORIES)
+        envace_gym.domains.registry, "_SPECS", dict(envace_gym.domains.registry._SPECS)
     )  # leaves no trace
     monkeypatch.setattr(envace_gym.domains.registry, "_FROM_ENTRY_POINTS", set())
     assert {"library-ep", "library-one"} <= set(list_domains())

@@ -201,7 +201,7 @@ def _domains(args: argparse.Namespace) -> int:
         return 1 if sum(_print_domain_check(name, args.rewards, named=bool(args.names)) for name in names) else 0
     if not args.names and not args.details:  # the listing builds nothing: benchmark families load no data
         for name in list_domains():
-            print(f"{name:8s} {describe_domain(name)}".rstrip())
+            print(f"{name:10s} {describe_domain(name)}".rstrip())
         return 0
     for name in args.names or list_domains():
         _print_domain_details(name, named=bool(args.names))
@@ -221,11 +221,11 @@ def _print_domain_details(name: str, *, named: bool) -> None:
         domain = make_domain(name)
         count = (lambda tasks: sum(1 for _ in tasks)) if isinstance(domain, GeneratedDomain) else len
         sizes = ", ".join(f"{count(domain.tasks(s))} {s}" for s in ("train", "test"))
-        print(f"{name:8s} {len(domain.tool_names()):3d} tools, {sizes} tasks  {domain.description}")
+        print(f"{domain.id:10s} {len(domain.tool_names()):3d} tools, {sizes} tasks  {domain.description}")
     except EnvACEError as exc:
         if named:
             raise
-        print(f"{name:8s} not available: {exc}")
+        print(f"{name:10s} not available: {exc}")
 
 
 def _print_domain_check(name: str, rewards: int, *, named: bool) -> int:

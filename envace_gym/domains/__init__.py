@@ -15,6 +15,7 @@ from .domain import Domain, GeneratedDomain
 from .folder import FolderDomain
 from .registry import ENTRY_POINT_GROUP, list_domains, make_domain, register_domain
 from .reward import RewardResult, numbers_in, score_expected
+from .spec import DomainSpec
 from .task import SPLITS, LazyTasks, ReferenceRecorder, ReferenceTurn, Task, check_split, stable_hash
 from .trajectory import CallRecord, Trajectory
 
@@ -22,6 +23,7 @@ __all__ = [
     "CallRecord",
     "DatasetDomain",
     "Domain",
+    "DomainSpec",
     "ENTRY_POINT_GROUP",
     "FolderDomain",
     "GeneratedDomain",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .reward import RewardResult, score_expected
 from .task import SPLITS, LazyTasks, Task, check_split, stable_hash
 from .trajectory import Trajectory
 
+if TYPE_CHECKING:
+    from .spec import DomainSpec
+
 
 class Domain:
     """Base class: a set of tools, a source of tasks, a reward, and optionally a real executor.
@@ -32,7 +35,7 @@ class Domain:
     :func:`score_expected`.
     """
 
-    name: str = ""
+    name: str = ""  # what its task ids start with ("units/train/000"): the id without its version
     description: str = ""
     system_prompt: str = "You are a helpful assistant. Use the tools when they help, then answer the user."
     max_turns: int = 12
@@ -43,6 +46,13 @@ class Domain:
     # Tasks whose reference is known to be wrong upstream (a benchmark's data), with why: the domain check reports
     # their findings as warnings, not errors.
     known_issues: Mapping[str, str] = {}
+    # The registered spec it was made from (make_domain sets it, as gym.make sets env.spec); None when built directly
+    spec: DomainSpec | None = None
+
+    @property
+    def id(self) -> str:
+        """The versioned id figures name (``units-v0``, ``lights:easy-v0``); the bare name when made from no spec."""
+        return self.spec.id if self.spec is not None else self.name
 
     @property
     def tools(self) -> ToolRegistry:

@@ -1,4 +1,4 @@
-"""Domain names: register one, list them, and resolve whatever a user passes as ``domain=``."""
+"""Domain ids: register one (with its spec), list them, and resolve whatever a user passes as ``domain=``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import importlib.util
 import inspect
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +18,36 @@ from ..errors import DomainError
 from .check import verify_domain
 from .domain import Domain
 from .folder import FolderDomain, import_file
+from .spec import DomainSpec, split_version, versioned
 
-_FACTORIES: dict[str, Callable[..., Domain] | str] = {}
-_FROM_ENTRY_POINTS: set[str] = set()  # names that came from entry points: register_domain may replace them
+_SPECS: dict[str, DomainSpec] = {}
+_FROM_ENTRY_POINTS: set[str] = set()  # ids that came from entry points: register_domain may replace them
 
 
-def register_domain(name: str, factory: Callable[..., Domain] | str, *, overwrite: bool = False) -> None:
-    """Make ``domain=name`` work everywhere: ``factory`` is a Domain class, a callable, or ``"module:attr"``.
-    A name only declared by an installed package's entry point is replaced without ``overwrite``."""
-    if name in _FACTORIES and not overwrite and name not in _FROM_ENTRY_POINTS:
-        raise DomainError(f"a domain named {name!r} is already registered (pass overwrite=True to replace it)")
-    _FACTORIES[name] = factory
-    _FROM_ENTRY_POINTS.discard(name)
+def register_domain(
+    domain_id: str,
+    entry_point: Callable[..., Domain] | Domain | str,
+    *,
+    max_turns: int | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> None:
+    """Make ``domain=domain_id`` work everywhere, as Gymnasium's ``register`` does for an env id: ``entry_point`` is
+    a Domain class, a factory, a Domain object or ``"module:attr"``; ``max_turns`` the domain's limit of Act turns
+    per episode; ``kwargs`` go to the entry point. Version the id (``"mine-v0"``) so that ``"mine"`` means its
+    latest version and a changed task generator gets a new id (``envace_gym.domains.spec``). An id only declared by
+    an installed package's entry point is replaced without ``overwrite``."""
+    spec = DomainSpec(domain_id, entry_point, max_turns=max_turns, kwargs=dict(kwargs or {}))
+    if not overwrite and domain_id not in _FROM_ENTRY_POINTS:
+        # one id once; and a name either versioned or not, so that the bare name means one thing
+        clash = [s.id for s in _SPECS.values() if s.id == domain_id or (s.name == spec.name and None in (s.version, spec.version))]  # fmt: skip
+        if clash:
+            raise DomainError(
+                f"a domain {domain_id!r} is already registered, as {clash} (register a new version, or pass "
+                "overwrite=True to replace it)"
+            )
+    _SPECS[domain_id] = spec
+    _FROM_ENTRY_POINTS.discard(domain_id)
 
 
 ENTRY_POINT_GROUP = "envace_gym.domains"
@@ -36,37 +55,81 @@ ENTRY_POINT_GROUP = "envace_gym.domains"
 
 def _installed_domains() -> None:
     """Add the domains other installed packages declare as entry points (group ``envace_gym.domains``,
-    ``name = "module:attr"``); names registered in this process win."""
+    ``id = "module:attr"``); ids registered in this process win."""
     from importlib.metadata import entry_points
 
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name not in _FACTORIES:
-            _FACTORIES[entry.name] = entry.value
+        if entry.name not in _SPECS:
+            _SPECS[entry.name] = DomainSpec(entry.name, entry.value)
             _FROM_ENTRY_POINTS.add(entry.name)
 
 
 def list_domains() -> list[str]:
+    """Every registered id (``units-v0``, …; a family such as ``bfcl-v0`` is made with a member:
+    ``bfcl:parallel-v0``)."""
     _installed_domains()
-    return sorted(_FACTORIES)
+    return sorted(_SPECS)
 
 
-def _did_you_mean(name: str) -> str:
-    """``" did you mean 'bank'?"`` when a registered name is close to ``name`` (a typo), else ``""``.
-    For ``"family:member"`` the family is matched and the member kept (``"bfc:parallel"`` → ``"bfcl:parallel"``)."""
+def _named(name: str, version: int | None) -> DomainSpec | None:
+    """The spec of ``name`` at ``version``; without one, an unversioned registration of ``name``, else its latest
+    version."""
+    if version is not None:
+        return _SPECS.get(versioned(name, version))
+    if name in _SPECS:
+        return _SPECS[name]
+    versions = [spec for spec in _SPECS.values() if spec.name == name and spec.version is not None]
+    return max(versions, key=lambda spec: spec.version or 0) if versions else None
+
+
+def find_spec(domain_id: str) -> tuple[DomainSpec, str | None] | None:
+    """The spec ``domain_id`` names and the family member it asks for (``"lights:easy-v0"`` → the spec of
+    ``lights-v0`` and ``"easy"``), or ``None`` when it names no registered domain."""
+    for attempt in range(2):
+        name, version = split_version(domain_id)
+        spec = _named(name, version)
+        if spec is not None:
+            return spec, None
+        family, colon, member = name.partition(":")
+        spec = _named(family, version) if colon else None
+        if spec is not None:
+            return spec, member
+        if attempt == 0:
+            _installed_domains()  # (read only when the name is not registered in this process)
+    return None
+
+
+def _did_you_mean(domain_id: str) -> str:
+    """``" did you mean 'bank'?"`` when a registered name is close to ``domain_id`` (a typo), else ``""``.
+    For ``"family:member"`` the family is matched and the member kept (``"bfc:parallel"`` → ``"bfcl:parallel"``);
+    a version asked for is kept too."""
+    name, version = split_version(domain_id)
     family, colon, member = name.partition(":")
-    close = difflib.get_close_matches(family if colon else name, list_domains(), n=1)
-    return f" did you mean {close[0] + colon + member!r}?" if close else ""
+    names = sorted({spec.name for spec in _SPECS.values()})
+    close = difflib.get_close_matches(family if colon else name, names, n=1)
+    return f" did you mean {versioned(close[0] + colon + member, version)!r}?" if close else ""
+
+
+def _unknown(domain_id: str, hint: str = " (or pass a folder path)") -> str:
+    """Why ``domain_id`` is not made: a version that was never registered (with the ones that were), else a
+    name nobody registered (with a close one)."""
+    name, version = split_version(domain_id)
+    family = name.partition(":")[0]
+    known = sorted(spec.id for spec in _SPECS.values() if spec.name in (name, family))
+    if version is not None and known:
+        return f"domain {domain_id!r}: no such version; registered: {known}"
+    return f"unknown domain {domain_id!r};{_did_you_mean(domain_id)} registered: {list_domains()}{hint}"
 
 
 def describe_domain(name: str) -> str:
-    """One line about the registered domain ``name``, found without building it: its factory's ``description``
+    """One line about the registered domain ``name`` (an id, or a bare name: its latest version), found without building it: its factory's ``description``
     (a class attribute) or else the first sentence of its docstring. A ``"module:attr"`` factory (the built-in
     domains, entry points) is not even imported: the module's source is read, so listing stays fast when a module
     loads benchmark data or heavy packages (only its parent packages are imported, to locate it)."""
-    _installed_domains()
-    if name not in _FACTORIES:
-        raise DomainError(f"unknown domain {name!r};{_did_you_mean(name)} registered: {list_domains()}")
-    factory = _FACTORIES[name]
+    found = find_spec(name)
+    if found is None:
+        raise DomainError(_unknown(name, hint=""))
+    factory = found[0].entry_point
     if isinstance(factory, str):
         description, doc = _described_in_source(factory)
     else:  # a Domain class or instance, or a factory function: already imported
@@ -185,33 +248,37 @@ def resolve_domain(domain: str | Path | Domain, **kwargs: Any) -> Domain:
         return domain
     from .dataset import DatasetDomain, is_dataset_source
 
-    if (not isinstance(domain, str) or domain not in _FACTORIES) and is_dataset_source(domain):
+    found = find_spec(domain) if isinstance(domain, str) else None
+    if found is None and is_dataset_source(domain):
         return DatasetDomain(domain, **kwargs)  # conversations: .jsonl/.json/.parquet, a datasets folder or object
-    if isinstance(domain, Path) or (isinstance(domain, str) and domain not in _FACTORIES and Path(domain).is_dir()):
+    if found is None and (isinstance(domain, Path) or (isinstance(domain, str) and Path(domain).is_dir())):
         return FolderDomain(domain)
     if not isinstance(domain, str):
         raise DomainError(f"domain must be a name, a folder or a Domain, got {type(domain).__name__}")
-    if domain not in _FACTORIES:
-        _installed_domains()
-    factory, argument = _FACTORIES.get(domain), None
-    if factory is None and ":" in domain:  # "bfcl:parallel", "tau2:retail": a family and one of its members
-        family, _, argument = domain.partition(":")
-        factory = _FACTORIES.get(family)
-        if factory is None:  # "my_package.domains:LibraryDomain" or "my_domain.py:LibraryDomain"
-            factory, argument = _load_reference(domain), None
-    if factory is None and domain.endswith(".py"):
+    if found is None and ":" in domain and not domain.endswith(".py"):
+        # "my_package.domains:LibraryDomain" or "my_domain.py:LibraryDomain": the user's own code, no spec
+        return _build(domain, _load_reference(domain), None, kwargs)
+    if found is None and domain.endswith(".py"):
         raise DomainError(_name_the_class(domain))
-    if factory is None:
-        raise DomainError(
-            f"unknown domain {domain!r};{_did_you_mean(domain)} registered: {list_domains()} (or pass a folder path)"
-        )
-    if isinstance(factory, str):  # registered, or declared by an entry point, as "module:attr"
-        factory = _load_reference(factory)
+    if found is None:
+        raise DomainError(_unknown(domain))
+    spec, member = found
+    factory = _load_reference(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    built = _build(domain, factory, member, {**spec.kwargs, **kwargs})
+    # the domain says which id it was made from (a member's own: "lights:easy-v0") and keeps the spec's limits
+    built.spec = replace(spec, id=versioned(f"{spec.name}:{member}", spec.version)) if member else spec
+    if spec.max_turns is not None:
+        built.max_turns = spec.max_turns
+    return built
+
+
+def _build(domain: str, factory: Any, member: str | None, kwargs: Mapping[str, Any]) -> Domain:
+    """Call ``factory`` (with the family ``member`` first, where one is asked for); refuse what is not a Domain."""
     if isinstance(factory, Domain):  # a reference (or registration) naming an instance
         return factory
     if not callable(factory):
         raise DomainError(f"domain {domain!r} is {type(factory).__name__}, not a Domain, a Domain class or a factory")
-    built = factory(argument, **kwargs) if argument is not None else factory(**kwargs)
+    built = factory(member, **kwargs) if member is not None else factory(**kwargs)
     if not isinstance(built, Domain):
         raise DomainError(f"the factory of domain {domain!r} returned {type(built).__name__}, not a Domain")
     return built

@@ -45,7 +45,7 @@ logger = logging.getLogger("envace_gym")
 
 @dataclass
 class EvalResult:
-    domain: str
+    domain: str  # the versioned id it was made from (units-v0), where it has one
     split: str
     episodes: int
     success_rate: float
@@ -169,7 +169,7 @@ def evaluate(
     for e in scored:
         by_task.setdefault(e.group, []).append(e.success)
     result = EvalResult(
-        domain=dom.name,
+        domain=dom.id,
         split=split,
         episodes=len(real.episodes),
         success_rate=sum(e.success for e in scored) / len(scored) if scored else float("nan"),

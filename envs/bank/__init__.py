@@ -130,11 +130,11 @@ class BankDomain(GeneratedDomain):
 
     ## Episode End
 
-    The final answer; at most 8 Act turns.
+    The final answer; at most 8 Act turns (the ``max_turns`` of its spec, ``bank-v0``).
 
     ## Arguments
 
-    ``make_domain("bank", num_tasks={"train": 1000, "test": 200}, seed=0)``.
+    ``make_domain("bank-v0", num_tasks={"train": 1000, "test": 200}, seed=0)``.
     """
 
     name = "bank"
@@ -143,7 +143,6 @@ class BankDomain(GeneratedDomain):
         "You are a bank assistant. Customers give their names, not account ids: look accounts up first. "
         "Only move money the customer asked to move, and never twice. Report amounts in USD with 2 decimals."
     )
-    max_turns = 8
     executor_class = BankTools
     TEMPLATES = ("move", "pay", "conditional", "total")
 

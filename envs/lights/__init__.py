@@ -95,14 +95,14 @@ class LightsDomain(GeneratedDomain):
 
     ## Episode End
 
-    The final answer; at most 3 Act turns.
+    The final answer; at most 3 Act turns (the ``max_turns`` of its spec, ``lights-v0``).
 
     ## Arguments
 
-    ``make_domain("lights", num_tasks={"train": 1000, "test": 200}, seed=0)``. ``make_domain("lights:easy")``
+    ``make_domain("lights-v0", num_tasks={"train": 1000, "test": 200}, seed=0)``. ``make_domain("lights:easy-v0")``
     is the variant a from-scratch model is given: two rooms and two colors (held-out tasks then differ in
     phrasing and lamp ids, not in the pair asked for) and an answer that names the color only.
-    ``make_domain("lights:favorite")`` is the learning test's (``envace_gym.recipes.learning``): one room, and
+    ``make_domain("lights:favorite-v0")`` is the learning test's (``envace_gym.recipes.learning``): one room, and
     the user asks for "my usual color" without naming it; the reference uses the household's favorite (red),
     so only the reward can teach it. ``rooms``, ``colors``, ``report_id`` and ``favorite`` set the same by
     hand (``favorite="green"`` is another household, with the same requests).
@@ -111,7 +111,6 @@ class LightsDomain(GeneratedDomain):
     name = "lights"
     description = "Set a lamp's color, then report its id: one call, one fact from the result."
     system_prompt = "You control the lamps of a house. Call set_lamp, then tell the user the lamp id and its color."
-    max_turns = 3
     executor_class = LightsTools
 
     def __init__(

@@ -230,11 +230,11 @@ class Tau2Domain(Domain):
     With a simulated user (τ²'s protocol): its stop marker; τ²'s ``max_steps`` (200 messages, counted as τ²'s
     orchestrator counts them) or ``max_errors`` (10 tool errors, each answered and the episode going on) with
     reward 0; ``info["termination_reason"]`` says which, in τ²'s words. With the scripted user: the final answer
-    after the last scripted user turn, or 20 Act turns (``max_turns``).
+    after the last scripted user turn, or 20 Act turns (the ``max_turns`` of its spec, ``tau2-v0``).
 
     ## Arguments
 
-    ``make_domain("tau2:retail")``, ``"tau2:airline"``, ``"tau2:telecom"``, or ``Tau2Domain("airline")``. ``agent_prompt``: ``"envace"`` (a short
+    ``make_domain("tau2:retail-v0")``, ``"tau2:airline-v0"``, ``"tau2:telecom-v0"``, or ``Tau2Domain("airline")``. ``agent_prompt``: ``"envace"`` (a short
     instruction and the policy, the default) or ``"tau2"`` (τ²'s own agent system prompt around the policy, read
     from the installed package: use it for figures meant to sit beside τ²'s). ``judge``: a chat backend for the
     NL_ASSERTION basis (:class:`~envace_gym.domains.judge.TransformersJudge` in process, or a
@@ -242,7 +242,6 @@ class Tau2Domain(Domain):
     (``make benchmarks``).
     """
 
-    max_turns = 20
     user_protocol = "tau2"
 
     def __init__(self, domain: str = "retail", agent_prompt: str = "envace", judge: Any = None) -> None:

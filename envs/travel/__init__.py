@@ -143,11 +143,11 @@ class TravelDomain(GeneratedDomain):
 
     ## Episode End
 
-    The final answer after the last scripted user turn; at most 8 Act turns.
+    The final answer after the last scripted user turn; at most 8 Act turns (the ``max_turns`` of its spec, ``travel-v0``).
 
     ## Arguments
 
-    ``make_domain("travel", num_tasks={"train": 1000, "test": 200}, seed=0)``.
+    ``make_domain("travel-v0", num_tasks={"train": 1000, "test": 200}, seed=0)``.
     """
 
     name = "travel"
@@ -158,7 +158,6 @@ class TravelDomain(GeneratedDomain):
         + ". Ask for what you are missing, search before booking, book only what the user chose, "
         "and give the booking id when you are done."
     )
-    max_turns = 8
     executor_class = TravelTools
 
     def sample_params(self, rng: np.random.Generator) -> dict[str, Any]:

@@ -116,11 +116,11 @@ class UnitsDomain(GeneratedDomain):
 
     ## Episode End
 
-    The final answer; at most 4 Act turns.
+    The final answer; at most 4 Act turns (the ``max_turns`` of its spec, ``units-v0``).
 
     ## Arguments
 
-    ``make_domain("units", num_tasks={"train": 1000, "test": 200}, seed=0)``.
+    ``make_domain("units-v0", num_tasks={"train": 1000, "test": 200}, seed=0)``.
     """
 
     name = "units"
@@ -129,7 +129,6 @@ class UnitsDomain(GeneratedDomain):
         "You are a unit conversion assistant. Call exactly one conversion tool with the user's value and units, "
         "then answer with the converted value rounded to 2 decimals and its unit."
     )
-    max_turns = 4
     executor_class = UnitsTools
 
     def sample_params(self, rng: np.random.Generator) -> dict[str, Any]:
