@@ -207,7 +207,7 @@ def test_inline_rows_mask_the_scaffolding():
     pending = [c for c, _ in task.reference_pairs()]
 
     def respond(prompt: str) -> str:
-        return envace_gym.episode.episode._dump(executor.execute(pending.pop(0))) + "\n</tool_response>"
+        return envace_gym.episode.responses.dump(executor.execute(pending.pop(0))) + "\n</tool_response>"
 
     from envace_gym.testing import ScriptedPolicy
 
@@ -220,7 +220,7 @@ def test_inline_rows_mask_the_scaffolding():
     assert "<tool_response>" in masked and "<|im_start|>assistant" in masked
     assert "<tool_response>" not in trained and "</tool_response>" in trained  # the model closes its response
     for _call, result in task.reference_pairs():
-        assert envace_gym.episode.episode._dump(result) in trained
+        assert envace_gym.episode.responses.dump(result) in trained
 
 
 def test_progress_callbacks_count_every_unit_of_work(tiny):
@@ -327,3 +327,11 @@ def test_reference_act_follows_the_reference_then_has_nothing_more_to_do(tiny):
         (outcome,) = driver.play([episode], [episode.reference_act()])
     assert outcome.terminated and outcome.reward == 1.0 and episode.turn == len(task.reference)
     assert episode.reference_act() == NOTHING_MORE  # past the reference solution
+
+
+def test_every_rehearsal_mode_has_its_tool_turn():
+    """A rehearsal mode is a name in REHEARSAL_MODES (what configs accept) and a tool turn in TOOL_TURNS."""
+    from envace_gym.episode.episode import TOOL_TURNS
+    from envace_gym.episode.types import REHEARSAL_MODES
+
+    assert tuple(TOOL_TURNS) == REHEARSAL_MODES

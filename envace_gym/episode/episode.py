@@ -11,13 +11,9 @@ docs/method.md ("Roll-out") describes it:
              → real executor | reference cache | Rehearse (the policy)
              → tool messages → next Act prompt, or a scripted user turn, or the end and the reward.
 
-Two rehearsal modes:
-
-* ``separate`` (the paper's): a fresh prompt per call, with the task's reference executions as
-  privileged context; each rehearsal is its own training row.
-* ``inline``: the policy writes the tool response as a continuation of its own chat, inside the chat
-  template's tool turn; the episode is one row where Act and Rehearse tokens are trained and the
-  template's scaffolding is masked. Cheaper (no second prompt), no privileged context.
+The Rehearse role's part of a turn is its rehearsal mode's (:data:`TOOL_TURNS`): ``separate``, the paper's, a fresh
+prompt per call (:mod:`envace_gym.episode.separate`), or ``inline``, the tool turn written into the chat itself
+(:mod:`envace_gym.episode.inline`).
 
 The conversation is kept as token ids that only grow (see :mod:`envace_gym.episode.chat`): the Act prompt of turn
 k+1 is the prompt of turn k, the ids of the Act turn, then the ids of what followed.
@@ -39,16 +35,16 @@ from ..domains.reward import RewardResult, as_reward_result, score_reference
 from ..domains.task import Task
 from ..domains.trajectory import CallRecord, Trajectory
 from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, TaskTooLongError, ToolError, raised_at
-from ..parsing.act import RESULT_OPEN, parse_execution_result, parse_result_json
 from ..parsing.formats import strip_think, tool_call_format
 from ..policy.protocol import Generation
-from ..rehearsal.prompt import rehearsal_messages, rehearsal_prompt
 from ..rehearsal.routing import choose_route
 from ..text import clean_text
 from ..tools.budget import StepBudget
 from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall, ToolRegistry
+from . import inline, separate
 from .chat import ChatFormat
+from .responses import dump, payload, tool_message
 from .transcript import Transcript
 from .types import (
     MAX_OBSERVATION_CHARS,
@@ -70,6 +66,8 @@ Request = GenerationRequest | UserRequest
 Answer = Generation | UserReply
 StepCoroutine = Generator[list[Request], list[Answer], StepOutcome]
 
+# Each rehearsal mode's tool turn (its module says what it does), by its name in types.REHEARSAL_MODES.
+TOOL_TURNS = {"separate": separate.tool_turn, "inline": inline.tool_turn}
 NOTHING_MORE = "I have nothing more to do."  # the Act turn of a reference replay past the reference solution
 # Endings that cut an episode (gymnasium's truncated); the others terminate it.
 TRUNCATIONS = ("max_turns", "max_user_turns", "context")
@@ -188,7 +186,7 @@ class Episode:
         self.done = False
         self.scored = True  # False for imagined episodes: their outcome is for the agent to judge, not the verifier
         self.reward_result: RewardResult | None = None
-        self._budget = StepBudget(config.limits.max_check_seconds)  # renewed by each step
+        self.budget = StepBudget(config.limits.max_check_seconds)  # renewed by each step
         self._overflowed = False  # a message did not fit the observation: the episode ends for context
 
     def _refuse_if_too_long(self, chars: int, tokens: int) -> None:
@@ -320,8 +318,8 @@ class Episode:
         if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
             action = self.chat.act_view(act.completion_ids, self.tool_format.act_tokens)
         # Parsing, validation, routing and result checks share one time budget (Limits.max_check_seconds).
-        self._budget = StepBudget(self.config.limits.max_check_seconds)
-        with self._budget:
+        self.budget = StepBudget(self.config.limits.max_check_seconds)
+        with self.budget:
             parsed = self.tool_format.parse(action, self.config.limits, self._parameters)
         # A text turn ends as the template ends the message that follows it (GLM: <|observation|> before a tool
         # message, the error of a malformed call included).
@@ -345,8 +343,8 @@ class Episode:
         if parsed.error is not None:  # a malformed turn: nothing of it is executed
             self.steps += 1  # its error message answers it, as a tool's would
             self.records.append(CallRecord(self.turn, None, None, error=parsed.error, user_turn=self.user_turns))
-            self._add_messages(
-                [{"role": self.chat.error_role, "name": "", "content": _dump(parsed.error.to_payload())}]
+            self.add_messages(
+                [{"role": self.chat.error_role, "name": "", "content": dump(parsed.error.to_payload())}]
             )
             return self._after_errors([parsed.error], info)
 
@@ -360,14 +358,14 @@ class Episode:
             if not self.pending_user_turns:
                 return self._finish(info, "agent_stop")
             turn = {"role": "user", "content": self.pending_user_turns.pop(0)}
-            self._add_messages([turn])
+            self.add_messages([turn])
             self.user_view.append(turn)
             self.user_turns += 1
             return self._continue(info)
 
         # Validate every call before answering any: an invalid call ends the turn cheaply.
         states = [CallState(call) for call in calls]
-        with self._budget:
+        with self.budget:
             for state in states:
                 state.error = self.registry.validate(state.call, self.whitelist).error
         invalid = [s.error for s in states if s.error is not None]
@@ -377,8 +375,8 @@ class Episode:
                 CallRecord(self.turn, s.call, None, error=s.error, user_turn=self.user_turns) for s in states
             )
             info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
-            self._add_messages(
-                [self._tool_message(s.call, s.error.to_payload()) for s in states if s.error is not None], calls
+            self.add_messages(
+                [tool_message(s.call, s.error.to_payload()) for s in states if s.error is not None], calls
             )
             return self._after_errors(invalid, info)
 
@@ -388,13 +386,7 @@ class Episode:
                 self._answer_without_model(state)
         self.errors += getattr(self.executor, "failures", 0) - failures  # a tool that refused (ToolFailure)
 
-        if self.config.rehearsal_mode == "separate":
-            pending = [s for s in states if s.route == "rehearsal"]
-            if pending:
-                yield from self._rehearse_separate(pending, text, info)
-            self._add_messages([self._tool_message(s.call, _payload(s)) for s in states], calls)
-        else:
-            yield from self._tool_turn_inline(states, info)
+        yield from TOOL_TURNS[self.config.rehearsal_mode](self, states, text, info)  # the Rehearse role's turn
 
         self.records.extend(
             CallRecord(self.turn, s.call, s.route, s.response, s.error, self.user_turns) for s in states
@@ -430,7 +422,7 @@ class Episode:
         if reply.stop is not None:
             bound = self._bound()  # τ²'s bound check follows the stop and overrides it
             return self._end_at_bound(bound, info) if bound is not None else self._finish(info, "user_stop")
-        self._add_messages([{"role": "user", "content": reply.text}])
+        self.add_messages([{"role": "user", "content": reply.text}])
         self.user_view.append({"role": "user", "content": reply.text})
         self.user_turns += 1
         return self._continue(info)
@@ -453,7 +445,7 @@ class Episode:
         calls = [replace(c, id=f"user_call_{self.steps}_{i}") for i, c in enumerate(reply.calls)]
         states = [CallState(call) for call in calls]
         registry = self.user_registry or ToolRegistry()  # a user offered no tools has none to call
-        with self._budget:
+        with self.budget:
             for state in states:
                 state.error = registry.validate(state.call).error
         self.steps += 1  # the tool responses: one message, as τ² counts them
@@ -465,7 +457,7 @@ class Episode:
         pending = [s for s in states if s.route == "rehearsal"]
         if pending:
             text = "The user's own call(s) on their side: " + json.dumps([c.to_json() for c in calls])
-            yield from self._rehearse_separate(pending, text, info, user=True)
+            yield from separate.rehearse(self, pending, text, info, user=True)
         self.errors += sum(s.error is not None for s in states)
         records = [
             CallRecord(self.turn, s.call, s.route, s.response, s.error, self.user_turns, requestor="user")
@@ -474,7 +466,7 @@ class Episode:
         self.records.extend(records)
         info.setdefault("user_calls", []).extend(r.to_dict() for r in records)
         self.user_view.append({"role": "user", "content": reply.text, "tool_calls": [c.to_openai() for c in calls]})
-        self.user_view += [self._tool_message(s.call, _payload(s)) for s in states]
+        self.user_view += [tool_message(s.call, payload(s)) for s in states]
 
     def _keep_user_row(self, reply: UserReply) -> None:
         """A trained user's generation (``user="rehearse"``) is a training row of role ``"user"``."""
@@ -488,7 +480,7 @@ class Episode:
         """Route one valid call (``user``: a call of the user's own tools, which the reference cache does not
         hold); answer it now unless it goes to the Rehearse role."""
         call = state.call
-        with self._budget:
+        with self.budget:
             hit, cached = self.cache.lookup(call) if self.cache is not None and not user else (False, None)
         state.route = choose_route(self.config.executor, self.rng, self.config.p_real, hit)
         if state.route == "cache":
@@ -506,171 +498,6 @@ class Episode:
                     origin=raised_at(exc),
                 )
                 _report_tool_bug(state.error)
-
-    # -- the Rehearse role ----------------------------------------------------------------------------
-    def _rehearse_separate(
-        self, states: list[CallState], action: str, info: dict[str, Any], user: bool = False
-    ) -> Generator[list[GenerationRequest], list[Generation], None]:
-        """Rehearse the calls of ``states`` (``user``: the user's own) in one batch of fresh prompts; resample
-        results that fail a ``returns`` schema."""
-        cfg = self.config.rehearsal
-        registry = self.user_registry if user else self.registry
-        prompts = {s.call.id: self.rehearse_prompt(s.call, action, user) for s in states}
-        budget = self.max_context - cfg.max_new_tokens
-        todo = []
-        for state in states:
-            if len(prompts[state.call.id]) <= budget:
-                todo.append(state)
-            else:
-                state.error = _overflow(len(prompts[state.call.id]), budget)
-        params = cfg.sampling()
-        for attempt in range(cfg.returns_resamples + 1):
-            if not todo:
-                break
-            generations = yield [GenerationRequest(prompts[s.call.id], params) for s in todo]
-            retry = []
-            for state, gen in zip(todo, generations, strict=True):
-                call = state.call
-                text = (RESULT_OPEN + "\n" if cfg.prefill else "") + gen.text
-                with self._budget:
-                    read = parse_execution_result(text, self.config.limits)
-                    error = read.error or registry[call.name].validate_result(read.result)  # type: ignore[index]
-                self._record_rehearsal(call, attempt, gen, error, info)
-                self.rows.append(
-                    Row("rehearse", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
-                )
-                if error is None:
-                    state.response, state.error = read.result, None
-                else:
-                    state.error = error
-                    if error.code is ErrorCode.RESULT_SCHEMA_MISMATCH:
-                        retry.append(state)
-            todo = retry
-
-    def rehearse_prompt(self, call: ToolCall, action: str, user: bool = False) -> tuple[int, ...]:
-        """The ids of the ``separate``-mode simulator prompt for ``call``, made during the Act turn ``action``
-        (the conversation before that turn is the history; the turn itself is shown raw). A call of the user's own
-        tools (``user``) is shown after the whole conversation, with the user's tools as the candidates and the
-        reference's own user calls as its reference executions."""
-        history = self.messages[:-1] if self.messages[-1]["role"] == "assistant" and not user else self.messages
-        if user and self.user_registry is not None:
-            registry, candidates = self.user_registry, list(self.user_registry)
-            reference = self.task.reference_pairs(user=True)
-        else:
-            registry, candidates, reference = self.registry, self.candidates, self.reference_pairs
-        chat = rehearsal_messages(
-            call, registry[call.name], candidates, reference, history, action, self.config.rehearsal
-        )
-        for message in chat:  # reference data may hold unencodable text; the history and the Act turn are untrusted
-            message["content"] = clean_text(message["content"])
-        chat[1]["content"] = self.chat.neutralize(chat[1]["content"])
-        return tuple(self.encode(rehearsal_prompt(self.tokenizer, chat, self.config.rehearsal)))
-
-    def _tool_turn_inline(
-        self, states: list[CallState], info: dict[str, Any]
-    ) -> Generator[list[GenerationRequest], list[Generation], None]:
-        """Write the tool turn into the chat: the template's scaffolding around each response, real or
-        cached answers as environment text, rehearsed ones generated by the policy in place."""
-        cfg = self.config.rehearsal
-        end, pieces = self.chat.tool_pieces([self.chat.neutralize(s.call.name) for s in states])
-        self._close_turn(end)
-        self._append_text(pieces[0])
-        for i, state in enumerate(states):
-            call, after = state.call, pieces[i + 1]
-            if state.route != "rehearsal":
-                payload = _payload(state)
-                self.messages.append(self._tool_message(call, payload))
-                self._append_text(_dump(payload) + after)
-                continue
-            closing = self.chat.closing(after)
-            params = replace(cfg.sampling(), stop=(closing,) if closing else ())
-            if len(self.prompt_ids) + params.max_new_tokens > self.max_context:
-                state.error = _overflow(len(self.prompt_ids), self.max_context - params.max_new_tokens)
-                self.messages.append(self._tool_message(call, state.error.to_payload()))
-                self._append_text(_dump(state.error.to_payload()) + after)
-                continue
-            for attempt in range(cfg.returns_resamples + 1):
-                (gen,) = yield [GenerationRequest(tuple(self.prompt_ids), params, self.key)]
-                content, rest, error = self._read_inline(gen, closing, after)
-                if error is None:
-                    with self._budget:
-                        read = parse_result_json(content, self.config.limits)
-                        error = read.error or self.registry[call.name].validate_result(read.result)
-                self._record_rehearsal(call, attempt, gen, error, info)
-                retry = error is not None and error.code is ErrorCode.RESULT_SCHEMA_MISMATCH
-                if not (retry and attempt < cfg.returns_resamples):
-                    break  # a rejected sample is dropped from the chat; the last one stays, good or bad
-            if error is not None and error.details.get("ends_turn") and self.on_invalid == "feedback":
-                # Never let a token that opens or ends a turn into a chat that goes on: the error replaces the
-                # response (with "terminate" the episode ends here and the row keeps what was generated).
-                self.messages.append(self._tool_message(call, error.to_payload()))
-                self._append_text(_dump(error.to_payload()))
-                rest = after
-            else:
-                ids = list(gen.completion_ids)
-                self._append_ids(ids, self.chat.display(ids), list(gen.logprobs), trained=True)
-                self.messages.append(self._tool_message(call, content.strip()))
-            if error is None:
-                state.response = read.result
-            else:
-                state.error = error
-            self._append_text(rest)
-            if error is not None and self.on_invalid == "terminate":
-                return  # the episode ends here; nothing more is generated
-
-    def _read_inline(self, gen: Generation, closing: str, after: str) -> tuple[str, str, ToolError | None]:
-        """Split an inline rehearsal into its content and the scaffolding still to append."""
-        ended_with_eos = bool(gen.completion_ids) and gen.completion_ids[-1] in self.chat.stop_ids
-        closed_by_token = closing in self.chat.special_strings and bool(gen.completion_ids)
-        closed_by_token = closed_by_token and self.chat.decode(gen.completion_ids[-1:]) == closing
-        body = gen.completion_ids[:-1] if ended_with_eos or closed_by_token else gen.completion_ids
-        if any(t in self.chat.special_ids for t in body):
-            error = ToolError(
-                ErrorCode.INVALID_REHEARSAL,
-                "the tool response contains special tokens (it may not open or close turns)",
-                {"output": gen.text[:300], "special_tokens": True, "ends_turn": True},
-                source="rehearsal",
-            )
-            return gen.text, after, error
-        if closing and closing in gen.text:
-            end = gen.text.index(closing)
-            cut = after.find(closing) + len(closing)
-            overshoot = gen.text[end + len(closing) :]  # a last token may reach past the stop string
-            if after.startswith(overshoot, cut):
-                cut += len(overshoot)
-            return gen.text[:end], after[cut:], None
-        if closed_by_token:  # a special-token closing (DeepSeek's): the scaffolding goes on after it
-            cut = after.find(closing) + len(closing)
-            return self.chat.decode(body), after[cut:], None
-        if not closing and ended_with_eos:
-            at, end = self.chat.first_end(after)
-            return gen.text, after[at + len(end) :], None
-        missing = closing or self.chat.eos_text
-        error = ToolError(
-            ErrorCode.INVALID_REHEARSAL,
-            f"the tool response {'ended the turn before' if ended_with_eos else 'was not closed with'} {missing!r}",
-            {"output": gen.text[:300], **({"ends_turn": True} if ended_with_eos else {})},
-            source="rehearsal",
-        )
-        return gen.text, after, error  # the template's own closing follows, so the chat stays well-formed
-
-    def _record_rehearsal(
-        self, call: ToolCall, attempt: int, gen: Generation, error: ToolError | None, info: dict[str, Any]
-    ) -> None:
-        info["rehearsals"].append(
-            {
-                "call_id": call.id,
-                "name": call.name,
-                "attempt": attempt,
-                "prompt_ids": list(gen.prompt_ids),
-                "completion_ids": list(gen.completion_ids),
-                "logprobs": list(gen.logprobs),
-                "text": gen.text,
-                "finish_reason": gen.finish_reason,
-                "accepted": error is None,
-                "error": error.to_dict() if error else None,
-            }
-        )
 
     # -- growing the conversation ---------------------------------------------------------------------
     def _act_ids(self, action: str, act: Generation | None, calls: bool) -> tuple[list[int], list[float]]:
@@ -699,25 +526,25 @@ class Episode:
             "logprobs": logprobs if act is not None else None,
             "generated": act is not None,
         }
-        self._append_ids(ids, shown, logprobs, trained=True)
+        self.append_ids(ids, shown, logprobs, trained=True)
         self.transcript.turn_open = not ids or ids[-1] not in self.chat.stop_ids
 
-    def _append_ids(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
+    def append_ids(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
         self.transcript.append(ids, text, logprobs, trained)
 
-    def _append_text(self, text: str) -> None:
-        self._append_ids(self.encode(text), text, None, trained=False)
+    def append_text(self, text: str) -> None:
+        self.append_ids(self.encode(text), text, None, trained=False)
 
-    def _close_turn(self, end: str) -> None:
+    def close_turn(self, end: str) -> None:
         """An Act turn cut by the token budget still needs its end token (``end``) before anything follows; so does
         one that stopped on another stop token where ``end`` opens the next message (GLM's role tokens)."""
         end_ids = self.chat.encode(end)
         reopen = self.chat.end_opens_turn and self.transcript.ids[-len(end_ids) :] != end_ids
         if self.transcript.turn_open or reopen:
-            self._append_ids(end_ids, end, None, trained=False)
+            self.append_ids(end_ids, end, None, trained=False)
             self.transcript.turn_open = False
 
-    def _add_messages(self, messages: list[dict[str, Any]], calls: list[ToolCall] = ()) -> None:  # type: ignore[assignment]
+    def add_messages(self, messages: list[dict[str, Any]], calls: list[ToolCall] = ()) -> None:  # type: ignore[assignment]
         """Append tool or user messages after the Act turn that made ``calls``, as messages and as ids; messages
         whose text would take the observation past ``max_observation_chars`` are not kept and end the episode."""
         # The template sees the calls' names (gpt-oss names a tool message's author by them), never their arguments.
@@ -729,8 +556,8 @@ class Episode:
             self._overflowed = True
             return
         self.transcript.messages += messages
-        self._close_turn(end)
-        self._append_text(rest)
+        self.close_turn(end)
+        self.append_text(rest)
 
     def _parameters(self, name: str) -> Any:
         """The parameters schema of tool ``name`` (the XML formats type their arguments by it)."""
@@ -755,10 +582,6 @@ class Episode:
             m = {**m, "content": self.chat.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
             out.append({**m, "name": self.chat.neutralize(m["name"])} if isinstance(m.get("name"), str) else m)
         return out
-
-    def _tool_message(self, call: ToolCall, payload: Any) -> dict[str, Any]:
-        content = clean_text(payload) if isinstance(payload, str) else _dump(payload)
-        return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
 
     # -- a turn undone ---------------------------------------------------------------------------------
     def _checkpoint(self) -> tuple[Any, ...]:
@@ -904,24 +727,3 @@ def _report_tool_bug(error: ToolError) -> None:
     if key not in _REPORTED:
         _REPORTED.add(key)
         logger.warning("%s, raised at %s (reported once per place)", error.message, error.origin)
-
-
-def _dump(value: Any) -> str:
-    """A tool response as it enters the chat: JSON with ``<`` and ``>`` escaped (``\\u003c``, same value), so
-    no content, real or rehearsed, can spell a special token or a ``<tool_call>`` tag into the conversation."""
-    text = json.dumps(value, ensure_ascii=False)
-    return clean_text(text).replace("<", "\\u003c").replace(">", "\\u003e")
-
-
-def _payload(state: CallState) -> Any:
-    """What the tool message of an answered call carries: its typed error, else its response."""
-    return state.error.to_payload() if state.error is not None else state.response
-
-
-def _overflow(length: int, budget: int) -> ToolError:
-    return ToolError(
-        ErrorCode.LIMIT_EXCEEDED,
-        f"rehearsal prompt of {length} tokens exceeds the budget of {budget}",
-        {"limit": "max_context", "value": length},
-        source="rehearsal",
-    )

@@ -30,6 +30,7 @@ from ..domains.task import Task
 from ..episode.chat import ChatFormat
 from ..episode.driver import EpisodeDriver
 from ..episode.episode import Episode
+from ..episode.separate import rehearse_prompt
 from ..episode.types import EpisodeConfig
 from ..errors import TaskTooLongError
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
@@ -94,7 +95,7 @@ def sft_rows(
                     answer = f"{json.dumps(result, ensure_ascii=False)}\n{RESULT_CLOSE}"
                     if not rehearsal.prefill:
                         answer = f"{RESULT_OPEN}\n{answer}"
-                    prompt = episode.rehearse_prompt(call, action)
+                    prompt = rehearse_prompt(episode, call, action)
                     rows.append(_row(prompt, chat.encode(answer + chat.act_end(False)), "rehearse", task.id))
             (outcome,) = replay.play([episode], [action])
             if outcome.terminated or outcome.truncated:
