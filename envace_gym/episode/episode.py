@@ -22,7 +22,6 @@ k+1 is the prompt of turn k, the ids of the Act turn, then the ids of what follo
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from collections.abc import Generator, Hashable
 from dataclasses import replace
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..domains.domain import Domain
-from ..domains.reward import RewardResult, as_reward_result, score_reference
+from ..domains.reward import RewardResult
 from ..domains.task import Task
 from ..domains.trajectory import CallRecord, Trajectory
 from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, TaskTooLongError, ToolError, raised_at
@@ -41,22 +40,21 @@ from ..rehearsal.routing import choose_route
 from ..text import clean_text
 from ..tools.budget import StepBudget
 from ..tools.executor import ReferenceCache
-from ..tools.schema import ToolCall, ToolRegistry
+from ..tools.schema import ToolCall
 from . import inline, separate
 from .chat import ChatFormat
-from .responses import dump, payload, tool_message
+from .endings import after_errors, continue_or_end, finish, outcome, rules
+from .responses import dump, tool_message
 from .transcript import Transcript
 from .types import (
     MAX_OBSERVATION_CHARS,
-    MAX_USER_TURNS,
-    TAU2_MAX_ERRORS,
-    TAU2_MAX_STEPS,
     CallState,
     EpisodeConfig,
     GenerationRequest,
     Row,
     StepOutcome,
 )
+from .user_turns import keep_user_row, user_failed, user_turn
 from .users import OPENING, UserReply, UserRequest, UserSimulator
 
 logger = logging.getLogger("envace_gym")
@@ -69,8 +67,6 @@ StepCoroutine = Generator[list[Request], list[Answer], StepOutcome]
 # Each rehearsal mode's tool turn (its module says what it does), by its name in types.REHEARSAL_MODES.
 TOOL_TURNS = {"separate": separate.tool_turn, "inline": inline.tool_turn}
 NOTHING_MORE = "I have nothing more to do."  # the Act turn of a reference replay past the reference solution
-# Endings that cut an episode (gymnasium's truncated); the others terminate it.
-TRUNCATIONS = ("max_turns", "max_user_turns", "context")
 
 
 def render_for_model(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -146,7 +142,7 @@ class Episode:
         self.cache = ReferenceCache(task.reference_pairs()) if config.executor == "cached" else None
         self.reference_pairs = task.reference_pairs()
         self.protocol = (user.protocol if user is not None else None) or "envace"
-        self.on_invalid, self.max_turns, self.max_user_turns, self.max_steps, self.max_errors = _rules(
+        self.on_invalid, self.max_turns, self.max_user_turns, self.max_steps, self.max_errors = rules(
             config, domain.max_turns, self.protocol
         )
         self.errors = 0  # tool errors so far (max_errors)
@@ -171,7 +167,7 @@ class Episode:
         # reasoning; never a call, its raw text when malformed, a tool's result nor an error.
         self.user_view: list[dict[str, str]] = [messages[-1]]
         if opening is not None and self.opening_error is None:
-            self._keep_user_row(opening)
+            keep_user_row(self, opening)
         self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
         if (self.pending_user_turns or user is not None) and self.chat.user_turns_ok is not None:
             raise PolicyError(
@@ -187,7 +183,7 @@ class Episode:
         self.scored = True  # False for imagined episodes: their outcome is for the agent to judge, not the verifier
         self.reward_result: RewardResult | None = None
         self.budget = StepBudget(config.limits.max_check_seconds)  # renewed by each step
-        self._overflowed = False  # a message did not fit the observation: the episode ends for context
+        self.overflowed = False  # a message did not fit the observation: the episode ends for context
 
     def _refuse_if_too_long(self, chars: int, tokens: int) -> None:
         reserve = max(self.act_max_new_tokens, 1)
@@ -314,7 +310,7 @@ class Episode:
     def _step(self, action: str, act: Generation | None) -> StepCoroutine:
         info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
         if self.opening_error is not None and self.protocol == "tau2":  # τ²: a user who could not open fails the run
-            return self._user_failed(self.opening_error, info)
+            return user_failed(self, self.opening_error, info)
         if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
             action = self.chat.act_view(act.completion_ids, self.tool_format.act_tokens)
         # Parsing, validation, routing and result checks share one time budget (Limits.max_check_seconds).
@@ -328,7 +324,7 @@ class Episode:
         shown = self.chat.display(ids)
         if not self._fits(len(ids), len(shown)):  # the turn itself does not fit: nothing of it is kept
             info["act"] = None
-            return self._finish(info, "context")
+            return finish(self, info, "context")
         self.turn += 1
         self.steps += 1
         self._record_act(ids, shown, logprobs, act, info)
@@ -346,7 +342,7 @@ class Episode:
             self.add_messages(
                 [{"role": self.chat.error_role, "name": "", "content": dump(parsed.error.to_payload())}]
             )
-            return self._after_errors([parsed.error], info)
+            return after_errors(self, [parsed.error], info)
 
         if parsed.content.strip():
             self.transcript.said.append(parsed.content)
@@ -354,14 +350,14 @@ class Episode:
             self.answers.append(parsed.content)
             self.user_view.append({"role": "assistant", "content": strip_think(parsed.content).strip()})
             if self.user is not None:
-                return (yield from self._simulated_user_turn(self.user, info))
+                return (yield from user_turn(self, self.user, info))
             if not self.pending_user_turns:
-                return self._finish(info, "agent_stop")
+                return finish(self, info, "agent_stop")
             turn = {"role": "user", "content": self.pending_user_turns.pop(0)}
             self.add_messages([turn])
             self.user_view.append(turn)
             self.user_turns += 1
-            return self._continue(info)
+            return continue_or_end(self, info)
 
         # Validate every call before answering any: an invalid call ends the turn cheaply.
         states = [CallState(call) for call in calls]
@@ -378,12 +374,12 @@ class Episode:
             self.add_messages(
                 [tool_message(s.call, s.error.to_payload()) for s in states if s.error is not None], calls
             )
-            return self._after_errors(invalid, info)
+            return after_errors(self, invalid, info)
 
         failures = getattr(self.executor, "failures", 0)
         for state in states:
             if state.error is None:
-                self._answer_without_model(state)
+                self.answer_without_model(state)
         self.errors += getattr(self.executor, "failures", 0) - failures  # a tool that refused (ToolFailure)
 
         yield from TOOL_TURNS[self.config.rehearsal_mode](self, states, text, info)  # the Rehearse role's turn
@@ -394,89 +390,10 @@ class Episode:
         info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
         errors = [s.error for s in states if s.error is not None]
         if errors:
-            return self._after_errors(errors, info)
-        return self._continue(info)
+            return after_errors(self, errors, info)
+        return continue_or_end(self, info)
 
-    def _simulated_user_turn(
-        self, user: UserSimulator, info: dict[str, Any]
-    ) -> Generator[list[UserRequest], list[UserReply], StepOutcome]:
-        """The simulated user answers the agent's final answer: a message (context, never trained as the agent's), a
-        stop marker (the end: the reward is scored), or a reply that cannot be used (the end, masked: not the agent's
-        fault). A user with tools of its own may first call them, as often as it likes: each time the results go
-        back to it (:meth:`_user_tool_turn`) and it is asked again."""
-        if self.max_user_turns is not None and self.user_turns >= self.max_user_turns:
-            return self._finish(info, "max_user_turns")
-        while True:
-            bound = self._bound()  # τ² checks its bounds before the user answers, too
-            if bound is not None:
-                return self._end_at_bound(bound, info)
-            (reply,) = yield [UserRequest(user, self.task, tuple(self.user_view), self.user_tools)]
-            self.steps += 1
-            info["user"] = _user_info(reply)
-            self._keep_user_row(reply)
-            if reply.error is not None:
-                return self._user_failed(reply.error, info)
-            if not reply.calls:
-                break
-            yield from self._user_tool_turn(reply, info)
-        if reply.stop is not None:
-            bound = self._bound()  # τ²'s bound check follows the stop and overrides it
-            return self._end_at_bound(bound, info) if bound is not None else self._finish(info, "user_stop")
-        self.add_messages([{"role": "user", "content": reply.text}])
-        self.user_view.append({"role": "user", "content": reply.text})
-        self.user_turns += 1
-        return self._continue(info)
-
-    def _user_failed(self, error: str, info: dict[str, Any]) -> StepOutcome:
-        """The user's reply cannot be used: the end, masked (not the agent's fault; evaluation counts it as a
-        failed run, as τ² does)."""
-        logger.warning("episode of %s masked: %s", self.task.id, error)
-        self.done, self.reward_result, self.termination_reason = True, RewardResult(None, {}), "user_error"
-        info["user_error"] = error
-        return self._outcome(0.0, False, True, info)
-
-    def _user_tool_turn(
-        self, reply: UserReply, info: dict[str, Any]
-    ) -> Generator[list[GenerationRequest], list[Generation], None]:
-        """Answer the user's calls of its own tools, as the agent's are answered: each checked against the user's
-        tools, then routed (the real executor's user side, or the Rehearse role: under ``executor="rehearsal"``
-        the policy rehearses the user's tools too). The calls and their results join the user's view only; a
-        refused or failed call counts as a tool error (``max_errors``), as in τ²."""
-        calls = [replace(c, id=f"user_call_{self.steps}_{i}") for i, c in enumerate(reply.calls)]
-        states = [CallState(call) for call in calls]
-        registry = self.user_registry or ToolRegistry()  # a user offered no tools has none to call
-        with self.budget:
-            for state in states:
-                state.error = registry.validate(state.call).error
-        self.steps += 1  # the tool responses: one message, as τ² counts them
-        failures = getattr(self.executor, "failures", 0)
-        for state in states:
-            if state.error is None:
-                self._answer_without_model(state, user=True)
-        self.errors += getattr(self.executor, "failures", 0) - failures
-        pending = [s for s in states if s.route == "rehearsal"]
-        if pending:
-            text = "The user's own call(s) on their side: " + json.dumps([c.to_json() for c in calls])
-            yield from separate.rehearse(self, pending, text, info, user=True)
-        self.errors += sum(s.error is not None for s in states)
-        records = [
-            CallRecord(self.turn, s.call, s.route, s.response, s.error, self.user_turns, requestor="user")
-            for s in states
-        ]
-        self.records.extend(records)
-        info.setdefault("user_calls", []).extend(r.to_dict() for r in records)
-        self.user_view.append({"role": "user", "content": reply.text, "tool_calls": [c.to_openai() for c in calls]})
-        self.user_view += [tool_message(s.call, payload(s)) for s in states]
-
-    def _keep_user_row(self, reply: UserReply) -> None:
-        """A trained user's generation (``user="rehearse"``) is a training row of role ``"user"``."""
-        gen = reply.generation
-        if self.user is not None and self.user.trained and gen is not None and gen.completion_ids:
-            self.rows.append(
-                Row("user", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
-            )
-
-    def _answer_without_model(self, state: CallState, user: bool = False) -> None:
+    def answer_without_model(self, state: CallState, user: bool = False) -> None:
         """Route one valid call (``user``: a call of the user's own tools, which the reference cache does not
         hold); answer it now unless it goes to the Rehearse role."""
         call = state.call
@@ -553,7 +470,7 @@ class Episode:
         ]
         end, rest = self.chat.suffix(self._for_chat(messages), named)
         if not self._fits(0, len(end) + len(rest)):  # (its tokens are counted once encoded, by _continue)
-            self._overflowed = True
+            self.overflowed = True
             return
         self.transcript.messages += messages
         self.close_turn(end)
@@ -607,116 +524,7 @@ class Episode:
         logger.warning("episode of %s ended: %s", self.task.id, error.message, exc_info=exc)
         self.done, self.reward_result, self.termination_reason = True, RewardResult(None, {}), "environment_error"
         info = {"tool_calls": [], "calls": [], "rehearsals": [], "error": error.to_dict(), "act": None}
-        return self._outcome(0.0, False, True, info)
-
-    # -- endings --------------------------------------------------------------------------------------
-    def _after_errors(self, errors: list[ToolError], info: dict[str, Any]) -> StepOutcome:
-        info["error"] = errors[0].to_dict()
-        self.errors += len(errors)
-        if self.on_invalid == "terminate":
-            self.done, self.termination_reason = True, "invalid_call"
-            self.reward_result = RewardResult(0.0, {"no_invalid_call": False})
-            return self._outcome(0.0, True, False, info)
-        return self._continue(info)
-
-    def _continue(self, info: dict[str, Any]) -> StepOutcome:
-        bound = self._bound()
-        if bound is not None:
-            return self._end_at_bound(bound, info)
-        if self.max_turns is not None and self.turn >= self.max_turns:
-            return self._finish(info, "max_turns")
-        if self.max_user_turns is not None and self.user_turns > self.max_user_turns:
-            return self._finish(info, "max_user_turns")
-        if self._overflowed or len(self.prompt_ids) + self.act_max_new_tokens > self.max_context:
-            return self._finish(info, "context")
-        return self._outcome(0.0, False, False, info)
-
-    def _bound(self) -> str | None:
-        """τ²-Bench's bound the episode has reached, as its orchestrator checks them (errors last, so they win)."""
-        reached = None
-        if self.max_steps is not None and self.steps >= self.max_steps:
-            reached = "max_steps"
-        if self.max_errors is not None and self.errors >= self.max_errors:
-            reached = "too_many_errors"
-        return reached
-
-    def _end_at_bound(self, reason: str, info: dict[str, Any]) -> StepOutcome:
-        """τ²'s premature end: reward 0, whatever was done (a step bound truncates; too many errors terminate)."""
-        self.done, self.termination_reason = True, reason
-        self.reward_result = RewardResult(0.0, {})
-        if reason == "max_steps":
-            info["truncation"] = reason
-        return self._outcome(0.0, reason != "max_steps", reason == "max_steps", info)
-
-    def _finish(self, info: dict[str, Any], reason: str) -> StepOutcome:
-        """The end: the domain's reward over the whole trajectory, also when truncated (``reason`` is one of
-        :data:`TRUNCATIONS`), except under the τ² protocol, which gives any end but a stop 0, as τ² does."""
-        self.done, self.termination_reason = True, reason
-        terminated = reason not in TRUNCATIONS
-        if not terminated:
-            info["truncation"] = reason
-        if not self.scored:
-            self.reward_result = RewardResult(None, {})
-            return self._outcome(0.0, terminated, not terminated, info)
-        if self.protocol == "tau2" and not terminated:
-            self.reward_result = RewardResult(0.0, {})
-            return self._outcome(0.0, terminated, not terminated, info)
-        try:
-            if self.config.reward == "reference":  # no tool runs: the reward an executor-free run trains on
-                self.reward_result = score_reference(self.task, self.trajectory())
-            else:
-                self.reward_result = as_reward_result(self.domain.score(self.task, self.trajectory()), self.domain.name)
-        except Exception as exc:  # a verifier that fails masks the episode (None), never a silent 0
-            self.reward_result = RewardResult(None, {})
-            info["reward_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            logger.warning("reward of %s masked: the verifier failed (%s)", self.task.id, info["reward_error"])
-        score = self.reward_result.score
-        return self._outcome(0.0 if score is None else float(score), terminated, not terminated, info)
-
-    def _outcome(self, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepOutcome:
-        info.update(self.base_info())
-        if self.done:
-            info["termination_reason"] = self.termination_reason
-        if self.done and self.reward_result is not None:
-            info["reward_checks"] = dict(self.reward_result.checks)
-            info["reward_masked"] = self.reward_result.score is None
-            if self.reward_result.note:
-                info["reward_note"] = self.reward_result.note
-            info["success"] = self.reward_result.success
-        return StepOutcome(self.prompt_text, reward, terminated, truncated, info)
-
-
-def _rules(
-    config: EpisodeConfig, domain_max_turns: int, protocol: str
-) -> tuple[str, int | None, int | None, int | None, int | None]:
-    """``on_invalid``, ``max_turns``, ``max_user_turns``, ``max_steps`` and ``max_errors`` of an episode: the
-    config's where it sets them, else the protocol's (τ²'s: its error feedback and its two bounds, and no turn
-    bound of its own)."""
-    tau2 = protocol == "tau2"
-    on_invalid = config.on_invalid or ("feedback" if tau2 else "terminate")
-    if tau2 and on_invalid != "feedback":
-        raise ValueError(
-            "under the τ² protocol a tool error is answered and the episode goes on (its max_errors ends it): "
-            "on_invalid='terminate' is not τ²'s; use on_invalid='feedback' (or None), or a user with protocol='envace'"
-        )
-    if tau2:
-        return on_invalid, config.max_turns, config.max_user_turns, config.max_steps or TAU2_MAX_STEPS, (
-            config.max_errors or TAU2_MAX_ERRORS)  # fmt: skip
-    max_user_turns = config.max_user_turns if config.max_user_turns is not None else MAX_USER_TURNS
-    return on_invalid, config.max_turns or domain_max_turns, max_user_turns, config.max_steps, config.max_errors
-
-
-def _user_info(reply: UserReply) -> dict[str, Any]:
-    """``info["user"]``: what the simulated user said, and the ids of a policy-backed user's generation."""
-    gen = reply.generation
-    return {
-        "text": gen.text if gen is not None else reply.text,
-        "stop": reply.stop,
-        "error": reply.error,
-        "prompt_ids": list(gen.prompt_ids) if gen is not None else [],
-        "completion_ids": list(gen.completion_ids) if gen is not None else [],
-    }
-
+        return outcome(self, 0.0, False, True, info)
 
 _REPORTED: set[tuple[str, str | None]] = set()
 
