@@ -142,7 +142,7 @@ def test_envace_eval_runs_on_the_vllm_backend(tiny_vllm_folder, capsys):
     argv = ["eval", "--domain", "units", "--model", str(tiny_vllm_folder), "--backend", "vllm", "--num-tasks", "2",
             "--max-new-tokens", "8", "--no-fidelity"]  # fmt: skip
     assert main(argv) == 0
-    assert "units / test: 2 episodes, real execution" in capsys.readouterr().out
+    assert "units-v0 / test: 2 episodes, real execution" in capsys.readouterr().out
 
 
 def test_envace_bench_sets_vllm_against_transformers_on_the_same_episodes(tiny_vllm_folder, capfd):
