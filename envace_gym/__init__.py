@@ -51,7 +51,8 @@ __getattr__ = lazy_exports(
     {
         "RehearsalEnv": ".env.rehearsal_env",
         "Episode": ".episode.episode",
-        "EpisodeConfig": ".episode.types",
+        "EpisodeConfig": ".episode.config",
+        "EpisodeSettings": ".episode.config",
         "UserSimulator": ".episode.users",
         "TransformersPolicy": ".policy.transformers",
         "make_policy": ".policy.factory",
@@ -60,8 +61,8 @@ __getattr__ = lazy_exports(
 
 if TYPE_CHECKING:
     from .env.rehearsal_env import RehearsalEnv
+    from .episode.config import EpisodeConfig, EpisodeSettings
     from .episode.episode import Episode
-    from .episode.types import EpisodeConfig
     from .episode.users import UserSimulator
     from .policy.factory import make_policy
     from .policy.transformers import TransformersPolicy
@@ -81,6 +82,7 @@ __all__ = [
     "EnvACEError",
     "Episode",
     "EpisodeConfig",
+    "EpisodeSettings",
     "ErrorCode",
     "FolderDomain",
     "GeneratedDomain",

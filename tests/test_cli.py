@@ -107,7 +107,7 @@ MISTAKES = [
     (["eval", "--trials", "0"], "--num-tasks, --trials and --horizon must be at least 1"),
     (["eval", "--user-temperature", "0.5"], "user='scripted' has none"),
     (["eval", "--user", "llm", "--user-max-tokens", "-1"], "no budget but the context"),
-    (["eval", "--max-steps", "0"], "--max-steps and --max-errors must be at least 1"),
+    (["eval", "--max-messages", "0"], "--max-messages must be at least 1 or None"),
     (["eval", "--domain", "units", "--agent-prompt", "tau2"], "--agent-prompt chooses the agent's system prompt"),
     (["train", "--group_size", "1"], "group_size must be at least 2"),
     (["experiment", "--conditions", "sft+envace-separate"], "add the 'sft' condition"),

@@ -196,3 +196,12 @@ def test_the_metric_table_is_the_one_definition():
     config = TrainerConfig(domain="units", steps=1, tasks_per_step=1, group_size=2, max_new_tokens=6)
     (step,) = train(tiny_policy(seed=0), config)
     assert set(step) == set(STEP_METRICS)
+
+
+def test_the_episode_settings_table_is_the_one_definition():
+    """docs/environment.md's table of episode settings is envace_gym.episode.config's own (their help, once)."""
+    from envace_gym.episode.config import settings_table
+
+    text = (ROOT / "docs" / "environment.md").read_text()
+    block = re.search(r"<!-- settings-table:[^>]*-->\n(.*?)\n<!-- /settings-table -->", text, re.S)
+    assert block is not None and block.group(1) == settings_table()

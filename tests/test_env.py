@@ -365,10 +365,10 @@ def test_episode_config_build_coerces_and_validates():
     env = gym.make("EnvACE-Rehearsal-v0", domain="units", policy=ScriptedPolicy([]), executor="real").unwrapped
     env.reset(seed=0)
     assert env.episode.max_user_turns == MAX_USER_TURNS and env.episode.on_invalid == "terminate"
-    with pytest.raises(ValueError, match="max_steps must be at least 1"):
-        EpisodeConfig.build(max_steps=0)
+    with pytest.raises(ValueError, match="max_messages must be at least 1"):
+        EpisodeConfig.build(max_messages=0)
     assert EpisodeConfig.build(rehearsal=RehearsalConfig(prefill=False)).rehearsal.prefill is False
-    with pytest.raises(TypeError, match="unknown EpisodeConfig field"):
+    with pytest.raises(TypeError, match="unknown episode setting"):
         EpisodeConfig.build(max_turnz=3)
     with pytest.raises(TypeError, match="unknown RehearsalConfig field"):
         EpisodeConfig.build(rehearsal={"max_tokens": 3})

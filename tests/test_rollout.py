@@ -332,6 +332,6 @@ def test_reference_act_follows_the_reference_then_has_nothing_more_to_do(tiny):
 def test_every_rehearsal_mode_has_its_tool_turn():
     """A rehearsal mode is a name in REHEARSAL_MODES (what configs accept) and a tool turn in TOOL_TURNS."""
     from envace_gym.episode.episode import TOOL_TURNS
-    from envace_gym.episode.types import REHEARSAL_MODES
+    from envace_gym.episode.config import REHEARSAL_MODES
 
     assert tuple(TOOL_TURNS) == REHEARSAL_MODES

@@ -64,7 +64,7 @@ def test_reference_reward_fails_a_wrong_call_and_a_missing_fact():
 
 
 def test_reward_setting_is_checked():
-    from envace_gym.episode.types import EpisodeConfig
+    from envace_gym.episode.config import EpisodeConfig
 
     with pytest.raises(ValueError, match="reward must be one of"):
         EpisodeConfig(reward="judge")
@@ -156,8 +156,15 @@ def test_sft_steps_resume_where_they_stopped(tmp_path):
 
 # -- settings every condition shares -----------------------------------------------------------------------
 def test_train_config_on_invalid_and_reward():
-    assert TrainConfig(mode="rehearsal").on_invalid == "terminate"
+    assert TrainConfig(mode="rehearsal").on_invalid is None  # the episode's: terminate, feedback under tau2
     assert TrainConfig(mode="real-tools").on_invalid == "feedback"
+    # an episode setting a mode cannot honour is refused by name, not dropped
+    with pytest.raises(ValueError, match="cannot honour max_errors, user"):
+        TrainConfig(mode="real-tools", user="llm", max_errors=3)
+    with pytest.raises(ValueError, match="max_turns set how rollouts are played"):
+        TrainConfig(mode="sft", max_turns=2)
+    with pytest.raises(ValueError, match="the conditions choose .*: drop rehearsal_mode"):
+        ExperimentConfig(rehearsal_mode="inline")
     with pytest.raises(ValueError, match="real-tools answers a schema error"):
         TrainConfig(mode="real-tools", on_invalid="terminate")
     with pytest.raises(ValueError, match="reward must be one of"):

@@ -1,6 +1,6 @@
 """τ²-Bench as τ² runs it: the ``"tau2"`` user protocol of ``tau2:*`` domains. τ²'s own user system prompt (its
 guidelines file, the scenario in tags), greedy replies with no budget, the greeting in both histories, tool errors
-answered as τ² answers them, ``max_steps`` counted as τ²'s orchestrator counts it, ``max_errors``, and every end but
+answered as τ² answers them, ``max_messages`` counted as τ²'s orchestrator counts it, ``max_errors``, and every end but
 the user's stop scored 0, with its termination reason."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_the_users_sampling_can_be_set_and_settings_that_would_not_apply_are_ref
 def test_max_steps_ends_the_run_with_reward_0_where_tau2s_orchestrator_counts_it(max_steps, turns):
     """τ² counts each message (the user's opening 1, an agent's call 2, the tool responses 3, ...) and checks the bound
     only when the next message is not for the tools: after the responses, not after the call."""
-    env = _env(_user(), max_steps=max_steps)
+    env = _env(_user(), max_messages=max_steps)
     env.reset(seed=0, options={"task": _task(env, calls=3).id})
     for turn in range(1, turns + 1):
         *_, reward, terminated, truncated, info = env.step(env.episode.reference_act())
@@ -276,7 +276,7 @@ def test_our_score_equals_tau2s_evaluate_simulation_on_the_same_messages(name):
             pairs.append((task.id, variant, reward, tau2_reward(task, TerminationReason.USER_STOP)))
     assert all(ours == theirs for _, _, ours, theirs in pairs), [p for p in pairs if p[2] != p[3]]
     assert {p[2] for p in pairs} == {0.0, 1.0}  # both outcomes occur: the check can fail
-    env.config = replace(env.config, max_steps=3)
+    env.config = replace(env.config, max_messages=3)
     env.reset(seed=0, options={"task": tasks[0].id})
     *_, reward, terminated, truncated, info = env.step(env.episode.reference_act())
     assert info["termination_reason"] == "max_steps" and reward == 0.0

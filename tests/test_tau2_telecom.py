@@ -207,7 +207,7 @@ def test_our_score_equals_tau2s_evaluate_simulation_on_twelve_telecom_tasks(doma
     assert all(ours == theirs for _, _, ours, theirs in pairs), [p for p in pairs if p[2] != p[3]]
     assert {p[2] for p in pairs} == {0.0, 1.0}  # both outcomes occur: the check can fail
     assert all(p[2] == 1.0 for p in pairs if p[1] == "gold")
-    env.config = replace(env.config, max_steps=3)
+    env.config = replace(env.config, max_messages=3)
     user._responses = ["My phone has a problem.", _call_text("toggle_roaming"), "Done."]
     env.reset(seed=0, options={"task": ROAMING})
     *_, reward, terminated, truncated, info = env.step("Please turn roaming on.")

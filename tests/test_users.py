@@ -305,9 +305,9 @@ def test_the_pure_torch_trainer_trains_the_users_rows_with_their_own_advantages(
     call = _reference_call()
     real_collect, real_advantages, seen = trainer_module.collect_rollouts, trainer_module.rolewise_advantages, {}
 
-    def scripted_rollouts(policy, *args, **kwargs):  # the scripted group, played under the trainer's own settings
-        assert kwargs["user"] == "rehearse"
-        return real_collect(_two_episodes_policy(call), *args, **kwargs)
+    def scripted_rollouts(policy, domain, tasks, group_size, config, **kwargs):  # played under the trainer's settings
+        assert config.user == "rehearse" and config.executor == "real"
+        return real_collect(_two_episodes_policy(call), domain, tasks, group_size, config, **kwargs)
 
     def recording(groups, roles, rewards):
         advantages = real_advantages(groups, roles, rewards)

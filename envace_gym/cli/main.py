@@ -64,6 +64,25 @@ def _parse_settings(cls: type, prog: str, argv: Sequence[str]) -> Any:
     return config
 
 
+def _add_episode_settings(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+    """A flag per episode setting (:class:`~envace_gym.episode.EpisodeSettings`, its help), ``--max-errors`` for
+    ``max_errors``; a flag not given is left out of the parsed namespace, so the setting keeps its default."""
+    import typing
+    from dataclasses import fields
+
+    from ..episode.config import EpisodeSettings
+
+    hints = typing.get_type_hints(EpisodeSettings)
+    for f in fields(EpisodeSettings):
+        if f.name in skip:
+            continue
+        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=argparse.SUPPRESS,
+            choices=f.metadata.get("choices"), help=f.metadata["help"],
+        )  # fmt: skip
+
+
 def _demo(args: argparse.Namespace) -> int:
     from ..domains.registry import make_domain
     from ..policy.factory import make_policy
@@ -356,31 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="episodes per task (each its own seed): reports tau2-Bench's pass^1 .. pass^k; sample (--temperature) "
         "or use a sampled user, or every trial is the same",
     )  # fmt: skip
-    evaluate.add_argument(
-        "--user", default="scripted", metavar="{scripted,llm,URL}",
-        help="who answers the agent's final answers: the task's scripted turns, the policy playing a simulated user "
-        "(tau2-Bench's protocol), or an OpenAI-compatible endpoint (with --user-model)",
-    )  # fmt: skip
-    evaluate.add_argument("--user-model", default=None, help="the model name of an endpoint user (with --user URL)")
-    evaluate.add_argument(
-        "--user-temperature", type=float, default=None,
-        help="the simulated user's temperature (default: its protocol's: 0 for tau2:* as in tau2-Bench, else 0.7)",
-    )  # fmt: skip
-    evaluate.add_argument(
-        "--user-max-tokens", type=int, default=None,
-        help="the simulated user's reply budget, 0 for none but its context (default: its protocol's: none for "
-        "tau2:* as in tau2-Bench, else 128)",
-    )  # fmt: skip
-    evaluate.add_argument(
-        "--max-steps", type=int, default=None,
-        help="end a run with reward 0 after this many messages, counted as tau2-Bench counts them (default: 200 "
-        "for tau2:* with a simulated user, else none)",
-    )  # fmt: skip
-    evaluate.add_argument(
-        "--max-errors", type=int, default=None,
-        help="end a run with reward 0 after this many tool errors (default: 10 for tau2:* with a simulated user, "
-        "else none)",
-    )  # fmt: skip
+    _add_episode_settings(evaluate, skip=("executor", "p_real"))  # evaluation chooses the executor (EVALUATION_SETS)
     evaluate.add_argument(
         "--agent-prompt", choices=["envace", "tau2"], default=None,
         help="a tau2:* domain's agent system prompt: a short instruction and the policy, or tau2-Bench's own agent "

@@ -14,13 +14,12 @@ from ..domains.registry import make_domain
 from ..domains.task import Task
 from ..episode.driver import Actor, EpisodeDriver, StepCoroutine, open_session
 from ..episode.episode import Episode
-from ..episode.types import MAX_OBSERVATION_CHARS, EpisodeConfig
-from ..episode.users import UserSimulator, check_user, make_user
+from ..episode.config import MAX_OBSERVATION_CHARS, EpisodeConfig
+from ..episode.start import simulated_user, start_episodes
+from ..episode.users import UserSimulator
 from ..errors import EnvACEError, TaskTooLongError
-from ..parsing.act import Limits
 from ..policy.factory import make_policy
 from ..policy.protocol import Generation, Policy, SamplingParams
-from ..rehearsal.prompt import RehearsalConfig
 from .spaces import ActText, AnyText
 
 DEFAULT_DOMAIN = "bank"
@@ -72,7 +71,7 @@ class RehearsalEnv(gym.Env[str, str]):
 
     Terminated: a final answer when no scripted user turn is left (with a simulated user: its stop marker), or
     (``on_invalid="terminate"``) an invalid call, or ``max_errors`` tool errors (reward 0). Truncated: ``max_turns``
-    Act turns, ``max_user_turns`` user turns, ``max_steps`` messages (reward 0), the next prompt not fitting the
+    Act turns, ``max_user_turns`` user turns, ``max_messages`` messages (reward 0), the next prompt not fitting the
     policy's context or the observation space, or a simulated user's reply that cannot be used (the reward is
     masked). ``info["termination_reason"]`` names the end. Under a simulated user's ``"tau2"`` protocol (τ²-Bench's
     domains) every end but the user's stop earns 0 and the bounds are τ²'s (:mod:`envace_gym.episode.users`).
@@ -96,35 +95,18 @@ class RehearsalEnv(gym.Env[str, str]):
       ``(model, tokenizer)`` pair, or any :class:`~envace_gym.policy.Policy`. Loaded at the first reset;
       with ``executor="real"`` and the default model only its tokenizer loads there, and the weights wait
       for the first :meth:`act` (stepping given actions never needs them).
-    * ``executor``: ``"rehearsal"`` | ``"real"`` | ``"cached"`` | ``"mixed"`` (with ``p_real``).
-    * ``rehearsal_mode``: ``"separate"`` (a fresh prompt per call with privileged reference results, the
-      paper's) or ``"inline"`` (the policy writes the tool turn as a continuation of its own chat).
+    * ``config``: an :class:`~envace_gym.episode.EpisodeConfig`, how episodes are played; keyword ``settings``
+      (its field names) set fields on top of it, or of the defaults: ``executor`` (``"rehearsal"`` | ``"real"`` |
+      ``"cached"`` | ``"mixed"``), ``rehearsal_mode``, ``on_invalid``, ``reward``, ``max_turns``, ``max_user_turns``,
+      ``max_messages``, ``max_errors``, ``tool_call_format``, ``user`` (and ``user_model``, ``user_temperature``,
+      ``user_max_tokens``), ``act_sampling`` (of :meth:`act`; its ``max_new_tokens`` is also reserved in the context
+      guard), ``rehearsal``, ``limits``. Each field's help: :class:`~envace_gym.episode.EpisodeSettings`
+      (docs/environment.md lists them). A simulated user (``user="llm"``, ...) that writes the first message
+      (τ²-Bench's scenarios) writes it at :meth:`reset`.
     * ``split``: ``"train"`` or ``"test"`` tasks.
-    * ``on_invalid``: ``"terminate"`` or ``"feedback"``; ``None``: ``"terminate"``, or ``"feedback"`` under the
-      ``"tau2"`` protocol.
-    * ``max_turns``, ``max_user_turns``: episode limits (``None``: the domain's, 30; none under ``"tau2"``).
-    * ``max_steps``, ``max_errors``: τ²-Bench's bounds: messages (counted as its orchestrator counts them) and tool
-      errors before the episode ends with reward 0 (``None``: none; 200 and 10 under ``"tau2"``).
-    * ``act_sampling``: :class:`SamplingParams` of :meth:`act` (its ``max_new_tokens`` is also reserved
-      in the context guard).
-    * ``rehearsal``: :class:`RehearsalConfig` of the Rehearse role.
-    * ``limits``: :class:`Limits` on Act turns and JSON.
-    * ``tool_call_format``: how Act turns write tool calls (``"hermes"``, ``"qwen3"``, ``"llama3_json"``, ``"mistral"``,
-      ``"glm45"``, ``"qwen3_xml"``, ``"gptoss"``, ``"deepseekv3"``, ``"response_parser"``); ``None`` (default)
-      finds it from the policy's tokenizer (docs/environment.md, "Model families").
     * ``domain_kwargs``: passed to the domain factory (e.g. ``{"num_tasks": {"train": 50}}``).
     * ``reuse_kv``: keep the conversation's KV cache between turns (:mod:`envace_gym.policy.sessions`), so a
       turn encodes only its new tokens.
-    * ``user``: who answers the agent's final answers: ``"scripted"`` (the task's later user turns, replayed),
-      or an LLM user simulator (:mod:`envace_gym.episode.users`, τ²-Bench's protocol): ``"llm"`` (the policy
-      plays the user too), ``"rehearse"`` (as ``"llm"``, and the user's generations are training rows of role
-      ``"user"``), an OpenAI-compatible endpoint URL (``user_model`` names its model), any
-      :class:`~envace_gym.policy.Policy`, or a ``UserSimulator``. Where the task carries a scenario of its own
-      (τ²-Bench's), the simulated user also writes the first message, at :meth:`reset`. The user plays under the
-      domain's protocol (``Domain.user_protocol``: ``"tau2"`` for τ²-Bench's domains), unless a ``UserSimulator``
-      names its own.
-    * ``user_temperature``, ``user_max_tokens``: the simulated user's sampling, in place of its protocol's
-      (``user_max_tokens=0``: no budget but its context).
     * ``render_mode``: ``"ansi"`` (returns the conversation) or ``"human"`` (prints it).
     """
 
@@ -134,49 +116,20 @@ class RehearsalEnv(gym.Env[str, str]):
         self,
         domain: str | Domain = DEFAULT_DOMAIN,
         policy: Any = None,
-        executor: str = "rehearsal",
+        config: EpisodeConfig | None = None,
         *,
-        rehearsal_mode: str = "separate",
         split: str = "train",
-        on_invalid: str | None = None,
-        p_real: float = 0.5,
-        max_turns: int | None = None,
-        max_user_turns: int | None = None,
-        max_steps: int | None = None,
-        max_errors: int | None = None,
-        act_sampling: SamplingParams | None = None,
-        rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
-        limits: Limits | None = None,
-        tool_call_format: str | None = None,
         domain_kwargs: Mapping[str, Any] | None = None,
         reuse_kv: bool = True,
-        user: Any = "scripted",
-        user_model: str | None = None,
-        user_temperature: float | None = None,
-        user_max_tokens: int | None = None,
         render_mode: str | None = None,
+        **settings: Any,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.domain = make_domain(domain, **dict(domain_kwargs or {}))
-        self.config = EpisodeConfig.build(
-            executor=executor,
-            rehearsal_mode=rehearsal_mode,
-            p_real=p_real,
-            on_invalid=on_invalid,
-            max_turns=max_turns,
-            max_user_turns=max_user_turns,
-            max_steps=max_steps,
-            max_errors=max_errors,
-            rehearsal=rehearsal,
-            limits=limits,
-            tool_call_format=tool_call_format,
-        )
-        check_user(user, user_model, user_temperature, user_max_tokens)
-        self._user_spec, self._user_model, self._user = user, user_model, None
-        self._user_sampling = {"temperature": user_temperature, "max_tokens": user_max_tokens}
+        self.config = EpisodeConfig.build(config, **settings)
+        self._user: UserSimulator | None = None
         self.split = split
-        self.act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
         self.render_mode = render_mode
         self._policy_spec = policy
         self._policy: Policy | None = None
@@ -199,11 +152,8 @@ class RehearsalEnv(gym.Env[str, str]):
     @property
     def user(self) -> UserSimulator | None:
         """The simulated user (built from ``user=`` on first use; ``None``: the task's scripted user turns)."""
-        if self._user is None and self._user_spec not in (None, "scripted"):
-            self._user = make_user(
-                self._user_spec, lambda: self.policy, self._user_model, self.act_sampling,
-                protocol=self.domain.user_protocol, **self._user_sampling,
-            )  # fmt: skip
+        if self._user is None and self.config.user not in (None, "scripted"):
+            self._user = simulated_user(self.config, lambda: self.policy, self.domain)
         return self._user
 
     @property
@@ -260,21 +210,12 @@ class RehearsalEnv(gym.Env[str, str]):
             user_rng = np.random.default_rng(int(self.np_random.integers(2**63))) if user is not None else None
             if chosen is None and task.id in self.unfit_tasks:
                 continue  # drawn again as when it was first found too long: a seed always gives the same task
-            (opening,) = user.openings([task], user_rng) if user is not None and user_rng is not None else (None,)
             try:
-                self._episode = Episode(
-                    self.domain,
-                    task,
-                    self.config,
-                    tokenizer,
-                    self.np_random,
-                    max_context=max_context,
-                    act_max_new_tokens=self.act_sampling.max_new_tokens,
-                    key=id(self),
-                    max_observation_chars=self.observation_space.max_length,
-                    user=self.user,
-                    opening=opening,
-                )
+                (self._episode,) = start_episodes(
+                    self.domain, [task], self.config, tokenizer, max_context=max_context,
+                    rng=lambda g, k: self.np_random, key=lambda i: id(self), user=user, user_rng=user_rng,
+                    max_observation_chars=self.observation_space.max_length, unfit="raise",
+                ).episodes  # fmt: skip
                 break
             except TaskTooLongError as exc:
                 if chosen is not None:
@@ -334,7 +275,7 @@ class RehearsalEnv(gym.Env[str, str]):
         Passing the returned text to :meth:`step` keeps the generated ids and log-probs (``info["act"]``).
         """
         episode = self.episode  # before the policy loads: no episode is the caller's error
-        (self._act_generation,) = self.driver().act([episode], params or self.act_sampling, actor)
+        (self._act_generation,) = self.driver().act([episode], params or self.config.act_sampling, actor)
         return self._act_generation.text
 
     def _resolve_task(self, task: Task | str | None) -> Task:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ from gymnasium.vector.utils import batch_space
 
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
+from ..episode.config import EpisodeConfig
 from ..episode.driver import EpisodeDriver, open_session
 from ..policy.factory import make_policy
 from ..policy.protocol import Generation, SamplingParams
@@ -44,7 +46,7 @@ class RehearsalVectorEnv(VectorEnv):
         num_envs: int = 1,
         domain: str | Domain = DEFAULT_DOMAIN,
         policy: Any = None,
-        executor: str = "rehearsal",
+        config: EpisodeConfig | None = None,
         *,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         domain_kwargs: dict[str, Any] | None = None,
@@ -63,12 +65,14 @@ class RehearsalVectorEnv(VectorEnv):
         self.progress = progress
         self.domain = make_domain(domain, **dict(domain_kwargs or {}))
         self.policy = make_policy(policy)  # one model for all sub-envs: the same weights act and rehearse
-        first = RehearsalEnv(self.domain, policy=self.policy, executor=executor, **env_kwargs)
+        first = RehearsalEnv(self.domain, self.policy, config, **env_kwargs)
         # one simulated user for all sub-envs, so that a round's user turns are one batch
-        shared = {**env_kwargs, "user": first.user, "user_model": None, "user_temperature": None, "user_max_tokens": None}
-        self.envs = [first] + [
-            RehearsalEnv(self.domain, policy=self.policy, executor=executor, **shared) for _ in range(num_envs - 1)
-        ]
+        shared = EpisodeConfig.build(
+            first.config, user=first.user, user_model=None, user_temperature=None, user_max_tokens=None
+        )
+        settings = {f.name for f in fields(EpisodeConfig)}
+        rest = {k: v for k, v in env_kwargs.items() if k not in settings}  # split, reuse_kv
+        self.envs = [first] + [RehearsalEnv(self.domain, self.policy, shared, **rest) for _ in range(num_envs - 1)]
         self.session = open_session(self.policy) if self.envs[0].reuse_kv else None  # one cache for all rows
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
@@ -119,7 +123,7 @@ class RehearsalVectorEnv(VectorEnv):
         Passing the returned texts to :meth:`step` keeps the generated ids and log-probs.
         """
         live = [i for i in range(self.num_envs) if not self._needs_reset[i]]
-        gens = self.driver().act([self.envs[i].episode for i in live], params or self.envs[0].act_sampling)
+        gens = self.driver().act([self.envs[i].episode for i in live], params or self.envs[0].config.act_sampling)
         actions = [""] * self.num_envs
         for i, gen in zip(live, gens, strict=True):
             self._acts[i], actions[i] = gen, gen.text

@@ -1,6 +1,6 @@
 """One episode of world rehearsal, as token ids that only grow, and the driver that answers its generations.
 
-:mod:`.chat` lays the conversation out in the model's chat template; :mod:`.transcript` keeps what an episode
+:mod:`.config` holds how an episode is played; :mod:`.chat` lays the conversation out in the model's chat template; :mod:`.transcript` keeps what an episode
 accumulates (messages, ids, log-probs, masks, rows, records) with mark/rollback; :mod:`.episode` plays one Act turn
 (parse, validate, route, rehearse, reward); :mod:`.users` simulates users; :class:`~.driver.EpisodeDriver` runs
 many episodes against one policy (the episode loop: :meth:`~.driver.EpisodeDriver.run`).
@@ -12,16 +12,8 @@ from .chat import ChatFormat
 from .driver import EpisodeDriver, NoGeneration, fulfil, generate_batched, open_session
 from .episode import NOTHING_MORE, Episode, StepCoroutine, render_for_model
 from .transcript import Transcript
-from .types import (
-    MAX_USER_TURNS,
-    ON_INVALID,
-    REHEARSAL_MODES,
-    CallState,
-    EpisodeConfig,
-    GenerationRequest,
-    Row,
-    StepOutcome,
-)
+from .config import MAX_USER_TURNS, ON_INVALID, REHEARSAL_MODES, EpisodeConfig, EpisodeSettings
+from .types import CallState, GenerationRequest, Row, StepOutcome
 from .users import UserReply, UserRequest, UserSimulator
 
 __all__ = [
@@ -30,6 +22,7 @@ __all__ = [
     "Episode",
     "EpisodeConfig",
     "EpisodeDriver",
+    "EpisodeSettings",
     "GenerationRequest",
     "MAX_USER_TURNS",
     "NOTHING_MORE",

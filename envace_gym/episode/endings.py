@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..domains.reward import RewardResult, as_reward_result, score_reference
 from ..errors import ToolError
-from .types import MAX_USER_TURNS, TAU2_MAX_ERRORS, TAU2_MAX_STEPS, EpisodeConfig, StepOutcome
+from .config import MAX_USER_TURNS, TAU2_MAX_ERRORS, TAU2_MAX_STEPS, EpisodeConfig
+from .types import StepOutcome
 
 if TYPE_CHECKING:
     from .episode import Episode
@@ -50,7 +51,7 @@ def continue_or_end(episode: Episode, info: dict[str, Any]) -> StepOutcome:
 def bound_reached(episode: Episode) -> str | None:
     """τ²-Bench's bound the episode has reached, as its orchestrator checks them (errors last, so they win)."""
     reached = None
-    if episode.max_steps is not None and episode.steps >= episode.max_steps:
+    if episode.max_messages is not None and episode.steps >= episode.max_messages:
         reached = "max_steps"
     if episode.max_errors is not None and episode.errors >= episode.max_errors:
         reached = "too_many_errors"
@@ -112,7 +113,7 @@ def outcome(
 def rules(
     config: EpisodeConfig, domain_max_turns: int, protocol: str
 ) -> tuple[str, int | None, int | None, int | None, int | None]:
-    """``on_invalid``, ``max_turns``, ``max_user_turns``, ``max_steps`` and ``max_errors`` of an episode: the
+    """``on_invalid``, ``max_turns``, ``max_user_turns``, ``max_messages`` and ``max_errors`` of an episode: the
     config's where it sets them, else the protocol's (τ²'s: its error feedback and its two bounds, and no turn
     bound of its own)."""
     tau2 = protocol == "tau2"
@@ -123,7 +124,7 @@ def rules(
             "on_invalid='terminate' is not τ²'s; use on_invalid='feedback' (or None), or a user with protocol='envace'"
         )
     if tau2:
-        return on_invalid, config.max_turns, config.max_user_turns, config.max_steps or TAU2_MAX_STEPS, (
+        return on_invalid, config.max_turns, config.max_user_turns, config.max_messages or TAU2_MAX_STEPS, (
             config.max_errors or TAU2_MAX_ERRORS)  # fmt: skip
     max_user_turns = config.max_user_turns if config.max_user_turns is not None else MAX_USER_TURNS
-    return on_invalid, config.max_turns or domain_max_turns, max_user_turns, config.max_steps, config.max_errors
+    return on_invalid, config.max_turns or domain_max_turns, max_user_turns, config.max_messages, config.max_errors

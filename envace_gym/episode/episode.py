@@ -46,14 +46,8 @@ from .chat import ChatFormat
 from .endings import after_errors, continue_or_end, finish, outcome, rules
 from .responses import dump, tool_message
 from .transcript import Transcript
-from .types import (
-    MAX_OBSERVATION_CHARS,
-    CallState,
-    EpisodeConfig,
-    GenerationRequest,
-    Row,
-    StepOutcome,
-)
+from .config import MAX_OBSERVATION_CHARS, EpisodeConfig
+from .types import CallState, GenerationRequest, Row, StepOutcome
 from .user_turns import keep_user_row, user_failed, user_turn
 from .users import OPENING, UserReply, UserRequest, UserSimulator
 
@@ -142,7 +136,7 @@ class Episode:
         self.cache = ReferenceCache(task.reference_pairs()) if config.executor == "cached" else None
         self.reference_pairs = task.reference_pairs()
         self.protocol = (user.protocol if user is not None else None) or "envace"
-        self.on_invalid, self.max_turns, self.max_user_turns, self.max_steps, self.max_errors = rules(
+        self.on_invalid, self.max_turns, self.max_user_turns, self.max_messages, self.max_errors = rules(
             config, domain.max_turns, self.protocol
         )
         self.errors = 0  # tool errors so far (max_errors)
@@ -156,7 +150,7 @@ class Episode:
         if opening is not None and self.protocol == "tau2":  # τ²: the greeting the user answered opens both views
             messages.append({"role": "assistant", "content": OPENING})
         messages.append({"role": "user", "content": clean_text(first)})
-        self.steps = 1  # messages so far, as τ²-Bench counts them (max_steps): the user's first one
+        self.steps = 1  # messages so far, as τ²-Bench counts its steps (max_messages): the user's first one
         # The conversation as ids: rendered and tokenized once here, then only appended to.
         text = self.chat.render(self._for_chat(messages), self.tools_openai)
         self._refuse_if_too_long(len(text), tokens=0)  # by its characters first: a text of any length is not tokenized

@@ -43,6 +43,8 @@ from .fidelity import check_rehearsal
 logger = logging.getLogger("envace_gym")
 
 
+EVALUATION_SETS = ("executor", "p_real", "act_sampling", "rehearsal")  # the episode settings evaluation chooses
+
 @dataclass
 class EvalResult:
     domain: str  # the versioned id it was made from (units-v0), where it has one
@@ -114,14 +116,9 @@ def evaluate(
     planner: PlannerConfig | None = None,
     seed: int = 0,
     progress: Progress = False,
-    user: Any = "scripted",
-    user_model: str | None = None,
     tasks: Sequence[Task] | None = None,
     trials: int = 1,
-    user_temperature: float | None = None,
-    user_max_tokens: int | None = None,
-    max_steps: int | None = None,
-    max_errors: int | None = None,
+    **settings: Any,
 ) -> EvalResult:
     """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
 
@@ -130,19 +127,23 @@ def evaluate(
     With ``planner``, every committed Act turn is written after private rehearsal (:mod:`envace_gym.rollout.planner`);
     ``rehearsal_tokens`` and ``real_calls`` then say what the rehearsal cost and that it called no real tool.
     ``progress``: ``True`` shows a bar per pass; a callable gets ``(done, total)`` over all its passes' episodes.
-    ``user``, ``user_model``: who answers the agent's final answers in the success pass, as for
-    :func:`~envace_gym.rollout.collect_rollouts` (``"rehearse"`` is refused: evaluation trains nothing, use ``"llm"``);
-    ``user_temperature``, ``user_max_tokens``: its sampling, in place of its protocol's (τ²'s greedy, unbounded replies
-    for ``tau2:*``); ``max_steps``, ``max_errors``: τ²-Bench's bounds, in place of the protocol's (200 and 10 under
-    τ²'s, none otherwise). ``terminations`` counts why the episodes ended.
+    ``settings``: how the success pass's episodes are played, as :class:`~envace_gym.episode.EpisodeSettings`
+    names them (``user``, ``user_model``, ``user_temperature``, ``user_max_tokens``, ``max_messages``, ``max_errors``,
+    ``on_invalid``, ``max_turns``, ...); evaluation sets the executor (real, or the recorded results) and the
+    sampling itself, and refuses ``user="rehearse"`` (it trains nothing: use ``"llm"``). ``terminations`` counts why
+    the episodes ended.
     ``tasks``: the tasks to evaluate instead of the first ``num_tasks`` of ``split`` (validation tasks held back
     from a training split, say); ``split`` then only names them in the result.
     ``trials``: episodes per task in the success pass (each with its own seed): ``pass_k`` holds τ²-Bench's
     pass^1 .. pass^trials (:func:`pass_hat_k`; a masked episode is not one of its task's trials). Greedy acting
     against scripted users plays the same episode every trial.
     """
+    user = settings.get("user", "scripted")
     if user == "rehearse":
         raise ValueError("user='rehearse' trains the user's turns and evaluation trains nothing: use user='llm'")
+    fixed = sorted(set(settings) & set(EVALUATION_SETS))
+    if fixed:
+        raise ValueError(f"evaluation sets {', '.join(fixed)} itself (real execution, its own sampling)")
     if num_tasks < 1 or trials < 1:
         raise ValueError(f"num_tasks and trials must be at least 1, got {num_tasks} and {trials}")
     dom = make_domain(domain)
@@ -155,9 +156,8 @@ def evaluate(
     # A call the cache cannot answer is rehearsed, as at test time: nothing privileged (no reference execution) in
     # its prompt, since the rehearsed result enters the agent's conversation.
     real = collect_rollouts(
-        policy, dom, tasks, trials, executor=executor, act_sampling=sampling, seed=seed, actor=actor, user=user,
-        user_model=user_model, rehearsal=replace(rehearsal, include_reference=False), user_temperature=user_temperature,
-        user_max_tokens=user_max_tokens, max_steps=max_steps, max_errors=max_errors,
+        policy, dom, tasks, trials, executor=executor, act_sampling=sampling, seed=seed, actor=actor,
+        rehearsal=replace(rehearsal, include_reference=False), **settings,
         progress=_pass_progress(progress, 0, total, f"episodes ({executor} execution)"),
     )  # fmt: skip
     # A run its simulated user could not carry on is a failed run, as τ²-Bench counts it (training masks it

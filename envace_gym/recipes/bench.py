@@ -38,9 +38,9 @@ from ..domains.domain import GeneratedDomain
 from ..domains.registry import make_domain
 from ..domains.task import Task
 from ..env.rehearsal_env import RehearsalEnv
+from ..episode.config import EpisodeConfig
 from ..episode.driver import EpisodeDriver, open_session
-from ..episode.episode import Episode
-from ..episode.types import EpisodeConfig
+from ..episode.start import start_episodes
 from ..policy.factory import make_policy
 from ..policy.protocol import Generation, SamplingParams
 from ..policy.transformers import TransformersPolicy
@@ -179,10 +179,10 @@ class _LongChat(GeneratedDomain):
 def _turn_costs(policy: Any, episodes: int, turns: int, act_tokens: int, reuse_kv: bool, seed: int) -> list[float]:
     domain = _LongChat()
     config = EpisodeConfig.build(on_invalid="feedback", rehearsal={"max_new_tokens": act_tokens})
-    eps = [
-        Episode(domain, t, config, policy.tokenizer, np.random.default_rng(i), max_context=policy.max_context, key=i)
-        for i, t in enumerate(domain.tasks()[:episodes])
-    ]
+    eps = start_episodes(
+        domain, domain.tasks()[:episodes], config, policy.tokenizer, max_context=policy.max_context,
+        rng=lambda g, k: np.random.default_rng(g), unfit="raise",
+    ).episodes  # fmt: skip
     driver = EpisodeDriver(policy, np.random.default_rng(seed), open_session(policy) if reuse_kv else None)
     params = SamplingParams(max_new_tokens=act_tokens, min_new_tokens=act_tokens, temperature=1.0)
     costs = []

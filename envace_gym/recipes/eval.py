@@ -4,13 +4,15 @@ or for private rehearsal before each committed turn (one row per mode, budget an
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from ..domains.registry import make_domain
-from ..episode.users import check_user
+from ..episode.config import EpisodeSettings
 from ..errors import EnvACEError
-from ..evaluation.evaluate import EvalResult, evaluate
+from ..evaluation.evaluate import EVALUATION_SETS, EvalResult, evaluate
 from ..policy.factory import make_policy
 from ..policy.transformers import check_model_source
 from ..rollout.planner import PlannerConfig
@@ -31,44 +33,41 @@ def run_eval(
     fidelity: bool = True,
     seed: int = 0,
     trials: int = 1,
-    user: str = "scripted",
-    user_model: str | None = None,
-    user_temperature: float | None = None,
-    user_max_tokens: int | None = None,
-    max_steps: int | None = None,
-    max_errors: int | None = None,
     agent_prompt: str | None = None,
     rehearse: Sequence[str] | None = None,
     budget: Sequence[int] = (2,),
     horizon: int = 3,
     commit: Sequence[str] = ("memory",),
     out: str | None = None,
+    **settings: Any,
 ) -> list[tuple[str, EvalResult]]:
     """Evaluate ``model`` on ``domain`` as ``envace eval`` does (its flags, by name) and print the result: one
     :class:`EvalResult` for plain acting, or with ``rehearse`` a table over every mode × ``budget`` × ``commit``
-    (fidelity measured in the first row only). ``out``: the results as JSON, written after every row so that an
-    interrupted table keeps what it measured. Settings are checked before any model loads."""
+    (fidelity measured in the first row only). ``settings``: how episodes are played
+    (:class:`~envace_gym.episode.EpisodeSettings`' names, but the executor: evaluation's is real). ``out``: the
+    results as JSON, written after every row so that an interrupted table keeps what it measured. Settings are
+    checked before any model loads."""
     check_model_source(model)
-    if user == "rehearse":
+    if settings.get("user") == "rehearse":
         raise EnvACEError("--user rehearse trains the user's turns and evaluation trains nothing: use --user llm")
+    if set(settings) & set(EVALUATION_SETS):
+        raise EnvACEError(f"evaluation sets {', '.join(sorted(set(settings) & set(EVALUATION_SETS)))} itself")
     try:
-        check_user(user, user_model, user_temperature, user_max_tokens)
-    except ValueError as exc:
-        raise EnvACEError(str(exc).replace("user_temperature", "--user-temperature")) from None
+        EpisodeSettings(**settings)
+    except (TypeError, ValueError) as exc:  # named as the flags name them
+        raise EnvACEError(_as_flags(str(exc))) from None
     if num_tasks < 1 or trials < 1 or min(budget) < 0 or horizon < 1:
         raise EnvACEError("--num-tasks, --trials and --horizon must be at least 1, --budget at least 0")
-    if any(bound is not None and bound < 1 for bound in (max_steps, max_errors)):
-        raise EnvACEError("--max-steps and --max-errors must be at least 1")
     if agent_prompt is not None and not domain.startswith("tau2:"):
         raise EnvACEError("--agent-prompt chooses the agent's system prompt of a tau2:* domain")
     # an unknown domain fails before the model loads
     dom = make_domain(domain, **({"agent_prompt": agent_prompt} if agent_prompt else {}))
     policy = make_policy(model, backend=backend)
     runs: list[tuple[str, EvalResult]] = []
-    settings: list[tuple[str | None, int, str | None]] = [(None, 0, None)]
+    plans: list[tuple[str | None, int, str | None]] = [(None, 0, None)]
     if rehearse:
-        settings = [(m, b, c) for c in commit for m in rehearse for b in budget]
-    for mode, n, rule in settings:
+        plans = [(m, b, c) for c in commit for m in rehearse for b in budget]
+    for mode, n, rule in plans:
         planner = None
         if mode is not None and n > 0:
             planner = PlannerConfig(budget=n, mode=mode, horizon=horizon, max_new_tokens=max_new_tokens, commit=rule)
@@ -79,20 +78,24 @@ def run_eval(
             continue  # N=0 is plain acting, whatever the mode
         result = evaluate(
             policy, dom, split, num_tasks, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            fidelity=fidelity and not runs, planner=planner, seed=seed, progress=True, user=user,
-            user_model=user_model, trials=trials, user_temperature=user_temperature, user_max_tokens=user_max_tokens,
-            max_steps=max_steps, max_errors=max_errors,
+            fidelity=fidelity and not runs, planner=planner, seed=seed, progress=True, trials=trials, **settings,
         )  # fmt: skip
         runs.append((label, result))
         if out:
             write_eval_json(out, runs)
-        if len(settings) > 1:
+        if len(plans) > 1:
             print(f"{label}: success {result.success_rate:.3f}, reward {result.mean_reward:.3f}", flush=True)
     if len(runs) == 1:
         print(format_result(runs[0][1]))
     else:
         print(format_table(runs, model, select="select" in commit))
     return runs
+
+
+def _as_flags(message: str) -> str:
+    """``message`` with the settings named as ``envace eval``'s flags name them (``max_errors``: ``--max-errors``)."""
+    names = "|".join(f.name for f in fields(EpisodeSettings) if "_" in f.name)
+    return re.sub(rf"\b({names})\b", lambda m: "--" + m[0].replace("_", "-"), message)
 
 
 def format_result(result: EvalResult) -> str:

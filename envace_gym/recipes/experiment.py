@@ -31,12 +31,11 @@ import re
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..episode.types import ON_INVALID, REWARDS
-from ..episode.users import check_user
+from ..episode.config import EpisodeSettings, setting
 from ..errors import EnvACEError
 from ..policy.precision import DTYPES, dtype_name, resolve_dtype
 
@@ -47,14 +46,22 @@ RL_CONDITIONS: dict[str, dict[str, Any]] = {
     "sft+envace-frozen-sim": {"executor": "rehearsal", "rehearsal_mode": "separate", "frozen_simulator": True},
 }
 CONDITIONS = ("base", "sft", *RL_CONDITIONS)
+CONDITION_SETS = ("executor", "rehearsal_mode", "p_real")  # the episode settings each condition chooses
 BACKENDS = ("transformers", "vllm")
 EVAL_ON = ("test", "validation")
 
 
 @dataclass
-class ExperimentConfig:
+class ExperimentConfig(EpisodeSettings):
     """Settings of ``envace experiment`` (``--config`` YAML works too), grouped as in TRL's configs. The
-    defaults are the small scale that fits a 2-core CPU: a from-scratch tiny model on ``lights:easy``."""
+    defaults are the small scale that fits a 2-core CPU: a from-scratch tiny model on ``lights:easy``.
+
+    The inherited :class:`~envace_gym.episode.EpisodeSettings` hold for every RL condition and the reward-spread
+    measure, with ``on_invalid`` feedback and ``reward`` reference by default here; the conditions choose
+    ``executor`` and ``rehearsal_mode`` (so those are refused). The evaluations play with the same settings but the
+    training ones: real tools, the domain's own reward, ``on_invalid`` terminate; ``user="rehearse"`` (which trains
+    the user's turns) is evaluated as ``llm``.
+    """
 
     # Parameters that control what is compared, and where it goes
     domain: str = field(
@@ -93,31 +100,11 @@ class ExperimentConfig:
             "the training tasks (measured with the model's tokenizer) plus a quarter."
         },
     )
-    on_invalid: str = field(
-        default="feedback",
-        metadata={"help": "A bad call or rehearsal, in every condition: feedback or terminate.", "choices": ON_INVALID},
-    )
-    reward: str = field(
-        default="reference",
-        metadata={
-            "help": "What every RL condition trains on: reference (reference calls and answer facts, no tool run) "
-            "or domain (the domain's own score).",
-            "choices": REWARDS,
-        },
-    )
+    on_invalid: str | None = setting("on_invalid", "feedback")
+    reward: str = setting("reward", "reference")
     train_layers: int | None = field(
         default=None, metadata={"help": "Train only the top N decoder layers (CPU budget); None: all."}
     )
-    user: str = field(
-        default="scripted",
-        metadata={
-            "help": "Who answers the agent's final answers in every RL condition and evaluation: scripted, llm (the "
-            "policy plays the user), rehearse (as llm, and the RL conditions train the user's turns too; evaluated "
-            "with llm) or an endpoint URL (with user_model)."
-        },
-    )
-    user_model: str | None = field(default=None, metadata={"help": "The model name of an endpoint user."})
-
     # Parameters that control the evaluation
     eval_tasks: int = field(default=100, metadata={"help": "Held-out test tasks per evaluation."})
     val_tasks: int = field(
@@ -183,11 +170,10 @@ class ExperimentConfig:
         unknown = set(self.conditions) - set(CONDITIONS)
         if unknown:
             raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {CONDITIONS}")
-        if self.on_invalid not in ON_INVALID:
-            raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
-        if self.reward not in REWARDS:
-            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
-        check_user(self.user, self.user_model)
+        super().__post_init__()  # the episode settings
+        chosen = sorted(set(self.changed_episode_settings()) & set(CONDITION_SETS))
+        if chosen:
+            raise ValueError(f"the conditions choose {', '.join(CONDITION_SETS)}: drop {', '.join(chosen)}")
         if self.eval_on not in EVAL_ON:
             raise ValueError(f"eval_on must be one of {EVAL_ON}, got {self.eval_on!r}")
         if self.val_tasks < 0 or (self.eval_on == "validation" and self.val_tasks < 1):
@@ -210,7 +196,9 @@ class ExperimentConfig:
 def command_line(config: ExperimentConfig) -> str:
     """The ``envace experiment`` command that reproduces ``config``."""
     parts = ["envace", "experiment"]
-    for key, value in asdict(config).items():
+    settings = [f.name for f in fields(EpisodeSettings) if f.name not in CONDITION_SETS]  # its own first, then these
+    for key in [f.name for f in fields(config) if f.name not in settings and f.name not in CONDITION_SETS] + settings:
+        value = getattr(config, key)
         if value is None:
             continue
         parts += [f"--{key}", *(map(str, value) if isinstance(value, list) else [str(value)])]
@@ -412,7 +400,8 @@ def _check_settings(config: ExperimentConfig, out: Path) -> None:
     now = {k: v for k, v in asdict(config).items() if k not in _NOT_MEASURED}
     file = out / "settings.json"
     if file.is_file():
-        before = json.loads(file.read_text())
+        # a setting added since the folder was written ran at its default then
+        before = {**{f.name: f.default for f in fields(ExperimentConfig) if f.name in now}, **json.loads(file.read_text())}
         changed = sorted(k for k in now.keys() | before.keys() if before.get(k) != now.get(k))
         if changed:
             what = ", ".join(f"{k}: {before.get(k)!r} then, {now.get(k)!r} now" for k in changed)
@@ -519,11 +508,10 @@ def _rl_stage(
         raise EnvACEError(f"{condition} starts from the SFT model of seed {seed}, which {sft} does not hold")
     settings = RL_CONDITIONS[condition]
     trainer = TrainerConfig(
-        domain=domain, on_invalid=config.on_invalid, reward=config.reward, tasks_per_step=config.tasks_per_step,
-        group_size=config.group_size, max_new_tokens=budget, temperature=config.temperature, steps=config.rl_steps,
-        learning_rate=config.rl_learning_rate, seed=seed, dtype=config.dtype, user=config.user,
-        train_tasks=len(domain.tasks("train")) - config.val_tasks if config.val_tasks else None,
-        user_model=config.user_model, **settings,
+        domain=domain, tasks_per_step=config.tasks_per_step, group_size=config.group_size, max_new_tokens=budget,
+        temperature=config.temperature, steps=config.rl_steps, learning_rate=config.rl_learning_rate, seed=seed,
+        dtype=config.dtype, train_tasks=len(domain.tasks("train")) - config.val_tasks if config.val_tasks else None,
+        **{**config.episode_settings(), **settings},
     )  # fmt: skip
     policy = _load(str(sft / "final"), config.train_layers)
     if config.gradient_checkpointing:
@@ -627,8 +615,8 @@ def group_spread(config: ExperimentConfig, domain: Any, policy: Any, budget: int
     tasks = _validation_tasks(config, domain)[:SPREAD_TASKS]
     sampling, rehearsal = rollout_sampling(budget, config.temperature)
     batch = collect_rollouts(
-        policy, domain, tasks, config.group_size, executor="real", act_sampling=sampling, rehearsal=rehearsal,
-        on_invalid=config.on_invalid, reward=config.reward, seed=seed, user=config.user, user_model=config.user_model,
+        policy, domain, tasks, config.group_size, config.episode_config(act_sampling=sampling, rehearsal=rehearsal),
+        executor="real", seed=seed,
     )  # fmt: skip
     spread = batch.reward_spread()
     return {
@@ -646,15 +634,17 @@ def _evaluate(
 
     policy = _policy(config, model) if isinstance(model, str) else model
     started = time.perf_counter()
-    user = {"user": "llm" if config.user == "rehearse" else config.user, "user_model": config.user_model}
+    # every setting but the training ones: the domain's own reward, evaluation's on_invalid and its executor
+    played = {k: v for k, v in config.episode_settings().items() if k not in ("on_invalid", "reward", *CONDITION_SETS)}
+    played["user"] = "llm" if config.user == "rehearse" else config.user
     if config.eval_on == "validation":  # held-back training tasks, named "validation" in the results
         where = {"split": "validation", "tasks": _validation_tasks(config, domain)}
     else:
         where = {"split": "test", "num_tasks": config.eval_tasks}
-    greedy = evaluate(policy, domain, **where, max_new_tokens=budget, fidelity=fidelity, **user)
+    greedy = evaluate(policy, domain, **where, max_new_tokens=budget, fidelity=fidelity, **played)
     sampled = evaluate(
         policy, domain, **where, max_new_tokens=budget, temperature=config.eval_temperature,
-        top_p=config.eval_top_p, seed=config.eval_seed, fidelity=False, **user,
+        top_p=config.eval_top_p, seed=config.eval_seed, fidelity=False, **played,
     )  # fmt: skip
     return {
         "success": greedy.success_rate,

@@ -21,23 +21,29 @@ from pathlib import Path
 from typing import Any
 
 from ..domains.registry import make_domain
-from ..episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
-from ..episode.users import check_user
+from ..episode.config import EpisodeSettings
 from ..policy.precision import DTYPES, dtype_name, resolve_dtype
 from ..training.memory import return_freed_memory
 from ..training.options import checkpointing, lora_config, train_top_layers, use_cpu
 from ..training.packing import DEFAULT_PACK_TOKENS
 
 MODES = ("rehearsal", "real-tools", "sft")
+REAL_TOOLS_SETTINGS = ("max_turns", "on_invalid", "reward")  # the episode settings TRL's tool loop honours
 DEFAULT_GRPO_STEPS = 20
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(EpisodeSettings):
     """``envace train`` settings (a YAML file given with ``--config`` sets them too; flags win), grouped as in
     TRL's configs. Shared knobs carry TRL's names (``beta``, ``epsilon``, ``delta``, ``learning_rate``);
     ``group_size`` is TRL's ``num_generations``, ``max_new_tokens`` its ``max_completion_length`` (per generation)
-    and ``steps`` its ``max_steps``."""
+    and ``steps`` its ``max_steps``.
+
+    How episodes are played are the inherited :class:`~envace_gym.episode.EpisodeSettings`. Mode ``rehearsal``
+    honours them all; ``real-tools`` runs TRL's tool loop, which takes ``reward``, ``max_turns`` (its rounds of tool
+    calls) and ``on_invalid="feedback"`` (its default there: the loop answers a schema error as the tool's
+    response) and refuses the others; ``sft`` plays no episode and refuses them all.
+    """
 
     # Parameters that control what is trained, and where it goes
     mode: str = field(
@@ -63,10 +69,6 @@ class TrainConfig:
         },
     )
     group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
-    rehearsal_mode: str = field(
-        default="separate",
-        metadata={"help": "separate (role-wise rows, the paper's) or inline.", "choices": REHEARSAL_MODES},
-    )
     max_new_tokens: int = field(
         default=128,
         metadata={
@@ -75,39 +77,6 @@ class TrainConfig:
         },
     )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
-    max_turns: int | None = field(
-        default=None,
-        metadata={
-            "help": "Act turns per episode (default: the domain's); real-tools: rounds of tool calls in TRL's tool loop."
-        },
-    )
-    on_invalid: str | None = field(
-        default=None,
-        metadata={
-            "help": "A malformed call or a failed rehearsal ends the episode at reward 0 (terminate, the paper's) or "
-            "comes back as the tool's error (feedback). Default: terminate for rehearsal; real-tools answers every "
-            "schema error as the tool's response (TRL's tool loop), so feedback is all it takes.",
-            "choices": ON_INVALID,
-        },
-    )
-    reward: str = field(
-        default="domain",
-        metadata={
-            "help": "What episodes are scored with: the domain's score (domain; bank's replays the calls into the real "
-            "tools) or the task's reference calls and answer facts, with no tool run (reference).",
-            "choices": REWARDS,
-        },
-    )
-    user: str = field(
-        default="scripted",
-        metadata={
-            "help": "rehearsal: who answers the agent's final answers: scripted (the task's user turns), llm (the "
-            "policy plays the user, untrained), rehearse (the policy plays the user and learns to: a third role) or "
-            "an OpenAI-compatible endpoint URL (with --user_model)."
-        },
-    )
-    user_model: str | None = field(default=None, metadata={"help": "The model name of an endpoint user."})
-
     # Parameters that control the training
     steps: int | None = field(
         default=None,
@@ -185,10 +154,9 @@ class TrainConfig:
     resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the episode settings
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.rehearsal_mode not in REHEARSAL_MODES:
-            raise ValueError(f"rehearsal_mode must be one of {REHEARSAL_MODES}, got {self.rehearsal_mode!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.steps is not None and self.steps < 1:
@@ -203,26 +171,24 @@ class TrainConfig:
         schedules = [s.value for s in SchedulerType]
         if self.lr_scheduler_type not in schedules:
             raise ValueError(f"lr_scheduler_type must be one of {schedules}, got {self.lr_scheduler_type!r}")
-        if self.mode == "sft" and (self.on_invalid is not None or self.reward != "domain" or self.use_vllm):
+        changed = self.changed_episode_settings()
+        if self.mode == "sft" and (changed or self.use_vllm):
             raise ValueError(
-                "on_invalid, reward and use_vllm set how rollouts are played, scored and generated: mode sft plays none"
+                f"{', '.join(changed + ['use_vllm'] * self.use_vllm)} set how rollouts are played or generated: mode sft "
+                "plays none"
             )
-        if self.on_invalid is None:
-            self.on_invalid = "feedback" if self.mode == "real-tools" else "terminate"
-        if self.on_invalid not in ON_INVALID:
-            raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
-        if self.reward not in REWARDS:
-            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
+        refused = sorted(set(changed) - set(REAL_TOOLS_SETTINGS))
+        if self.mode == "real-tools" and refused:
+            raise ValueError(
+                f"mode real-tools runs TRL's tool loop, which takes {', '.join(REAL_TOOLS_SETTINGS)} of the episode "
+                f"settings; it cannot honour {', '.join(refused)}"
+            )
+        if self.mode == "real-tools" and self.on_invalid is None:
+            self.on_invalid = "feedback"
         if self.mode == "real-tools" and self.on_invalid == "terminate":
             raise ValueError(
                 "mode real-tools answers a schema error as the tool's response (TRL's tool loop cannot end the episode "
                 "there): use on_invalid='feedback', and the same for the rehearsal runs it is compared with"
-            )
-        check_user(self.user, self.user_model)
-        if self.user != "scripted" and self.mode != "rehearsal":
-            raise ValueError(
-                f"user={self.user!r} is for mode rehearsal: sft replays the reference conversations and real-tools runs "
-                "TRL's tool loop, whose user turns are the dataset's"
             )
         if self.mode != "sft":
             _episodes_per_process(self)  # refused here, so the CLI says it in one line before anything loads
@@ -377,10 +343,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             **common,
         )
         if config.mode == "rehearsal":
-            args = EnvACEGRPOConfig(
-                domain=config.domain, rehearsal_mode=config.rehearsal_mode, max_turns=config.max_turns,
-                on_invalid=config.on_invalid, reward=config.reward, user=config.user, user_model=config.user_model, **grpo,
-            )
+            args = EnvACEGRPOConfig(domain=config.domain, **config.episode_settings(), **grpo)
             trainer = EnvACEGRPOTrainer(
                 model=_load_model(path, config.train_layers),
                 args=args,

@@ -13,9 +13,8 @@ simulated user turn (role ``"user"``), in either mode.
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,18 +23,15 @@ import numpy as np
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..domains.task import Task
+from ..episode.config import EpisodeConfig
 from ..episode.driver import Actor, EpisodeDriver, open_session
 from ..episode.episode import Episode
-from ..episode.types import EpisodeConfig, Row
-from ..episode.users import make_user
-from ..errors import TaskTooLongError
-from ..parsing.act import DEFAULT_LIMITS, Limits
-from ..policy.protocol import Policy, SamplingParams
+from ..episode.start import simulated_user, start_episodes
+from ..episode.types import Row
+from ..policy.protocol import Policy
 from ..progress import Progress, ProgressReporter
-from ..rehearsal.prompt import RehearsalConfig
 
 ACT_SOURCES = ("policy", "reference")
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -111,31 +107,16 @@ def collect_rollouts(
     domain: str | Domain,
     tasks: Sequence[Task | str],
     group_size: int = 1,
+    config: EpisodeConfig | None = None,
     *,
-    executor: str = "rehearsal",
-    rehearsal_mode: str = "separate",
     act: str = "policy",
-    act_sampling: SamplingParams | None = None,
-    rehearsal: RehearsalConfig | Mapping[str, Any] | None = None,
-    on_invalid: str | None = None,
-    p_real: float = 0.5,
-    max_turns: int | None = None,
-    max_user_turns: int | None = None,
-    max_steps: int | None = None,
-    max_errors: int | None = None,
-    limits: Limits = DEFAULT_LIMITS,
-    tool_call_format: str | None = None,
-    reward: str = "domain",
     seed: int = 0,
     reuse_kv: bool = True,
     actor: Actor | None = None,
     simulator: Policy | None = None,
     progress: Progress = False,
     unfit: str = "skip",
-    user: Any = "scripted",
-    user_model: str | None = None,
-    user_temperature: float | None = None,
-    user_max_tokens: int | None = None,
+    **settings: Any,
 ) -> RolloutBatch:
     """Play ``group_size`` episodes of each task to the end, batching every generation.
 
@@ -144,14 +125,11 @@ def collect_rollouts(
         domain: A domain name, folder or object.
         tasks: Tasks or task ids; each gives one group of ``group_size`` episodes.
         group_size: Episodes per task (the G of GRPO).
-        executor, rehearsal_mode, on_invalid, p_real, max_turns, max_user_turns, max_steps, max_errors, limits,
-            tool_call_format: as for :class:`~envace_gym.RehearsalEnv`.
-        reward: ``"domain"`` (the domain's score) or ``"reference"`` (the task's reference calls and answer
-            facts, no tool run: :func:`~envace_gym.domains.reward.score_reference`).
+        config: How the episodes are played (:class:`~envace_gym.episode.EpisodeConfig`: executor, rehearsal mode,
+            reward, limits, the simulated user, the Act turns' sampling, ...); ``settings`` (its field names) set
+            fields on top of it, or of the defaults. A simulated user's turns of a round are generated in one batch.
         act: ``"policy"`` (the policy writes the Act turns) or ``"reference"`` (each task's reference
             solution does, so only the Rehearse role is exercised: fidelity checks, demos, SFT data).
-        act_sampling: Sampling of the Act turns (default: 512 new tokens, temperature 1).
-        rehearsal: The Rehearse role's settings.
         seed: Seeds the generation batches and each episode's own ``np_random``.
         reuse_kv: Keep each conversation's KV cache between turns (:mod:`envace_gym.policy.sessions`).
         actor: Writes the Act turns instead of one batched policy call: ``actor(episodes, rng, session, keys)``
@@ -160,12 +138,6 @@ def collect_rollouts(
             paper's ablation in which only the Act role learns.
         progress: ``True`` (or a label) shows a bar of finished episodes with the generation round; a callable
             is called as ``progress(done, total)`` each time an episode finishes (:mod:`envace_gym.progress`).
-        user, user_model: Who answers the agent's final answers, as for :class:`~envace_gym.RehearsalEnv`:
-            ``"scripted"``, ``"llm"``, ``"rehearse"`` (the user's generations are also rows of role ``"user"``), an
-            endpoint URL (with ``user_model``, its model's name), a :class:`~envace_gym.policy.Policy` or a
-            ``UserSimulator``; the simulated users' turns of a round are generated in one batch.
-        user_temperature, user_max_tokens: The simulated user's sampling, in place of its protocol's (the domain's
-            ``user_protocol``: τ²'s greedy replies with no budget for ``tau2:*``, else 0.7 and 128 tokens).
         unfit: A task whose opening prompt does not fit the policy's context (with the Act turn's budget) or
             the observation space: ``"skip"`` it with a warning, counted in ``stats["skipped_tasks"]`` (its
             group is absent from the batch), or ``"raise"`` its :class:`~envace_gym.errors.TaskTooLongError`.
@@ -174,69 +146,25 @@ def collect_rollouts(
         raise ValueError(f"act must be one of {ACT_SOURCES}, got {act!r}")
     if group_size < 1:
         raise ValueError(f"group_size must be at least 1, got {group_size}")
-    if unfit not in ("skip", "raise"):
-        raise ValueError(f"unfit must be 'skip' or 'raise', got {unfit!r}")
-    if simulator is not None and rehearsal_mode != "separate":
+    config = EpisodeConfig.build(config, **settings)
+    if simulator is not None and config.rehearsal_mode != "separate":
         raise ValueError(
             "a separate simulator rehearses in rehearsal_mode='separate' only (inline: the policy's own chat)"
         )
     domain = make_domain(domain)
-    act_sampling = act_sampling or SamplingParams(max_new_tokens=512)
-    simulated_user = make_user(
-        user, lambda: policy, user_model, act_sampling, protocol=domain.user_protocol, temperature=user_temperature,
-        max_tokens=user_max_tokens,
-    )  # fmt: skip
-    config = EpisodeConfig.build(
-        executor=executor,
-        rehearsal_mode=rehearsal_mode,
-        p_real=p_real,
-        on_invalid=on_invalid,
-        max_turns=max_turns,
-        max_user_turns=max_user_turns,
-        max_steps=max_steps,
-        max_errors=max_errors,
-        rehearsal=rehearsal,
-        limits=limits,
-        tool_call_format=tool_call_format,
-        reward=reward,
-    )
+    user = simulated_user(config, lambda: policy, domain)
     rng = np.random.default_rng(seed)
     resolved = [t if isinstance(t, Task) else domain.task(t) for t in tasks]
     session = open_session(policy) if reuse_kv else None
     driver = EpisodeDriver(policy, rng, session, simulator)
     started = time.perf_counter()
-    # A simulated user that writes the first message (τ²-Bench's) writes each episode's own, in one batch.
-    openings: list[Any] = [None] * (len(resolved) * group_size)
-    if simulated_user is not None:
-        openings = simulated_user.openings([t for t in resolved for _ in range(group_size)], rng)
-    episodes: list[Episode] = []
-    groups: list[int] = []  # each episode's task, as its index in `tasks`
-    skipped: list[str] = []
-    for g, task in enumerate(resolved):
-        try:
-            group = [
-                Episode(
-                    domain,
-                    task,
-                    config,
-                    policy.tokenizer,
-                    np.random.default_rng([seed, g, k]),
-                    max_context=policy.max_context,
-                    act_max_new_tokens=act_sampling.max_new_tokens if act == "policy" else 0,  # text turns: no reserve
-                    key=len(episodes) + k,  # an episode's key is its index in `episodes`
-                    user=simulated_user,
-                    opening=openings[g * group_size + k],
-                )
-                for k in range(group_size)
-            ]
-        except TaskTooLongError as exc:
-            if unfit == "raise":
-                raise
-            logger.warning("%s: skipped", exc)
-            skipped.append(task.id)
-            continue
-        episodes += group
-        groups += [g] * group_size
+    begun = start_episodes(
+        domain, resolved, config, policy.tokenizer, max_context=policy.max_context,
+        rng=lambda g, k: np.random.default_rng([seed, g, k]), group_size=group_size,
+        act_reserve=None if act == "policy" else 0,  # text turns: no reserve
+        user=user, user_rng=rng, unfit=unfit,
+    )  # fmt: skip
+    episodes, groups, skipped = begun.episodes, begun.groups, begun.skipped  # an episode's key is its index
     results: list[EpisodeResult | None] = [None] * len(episodes)
     counts = {"act_calls": 0, "act_tokens": 0, "rounds": 0}
     bar = ProgressReporter(progress, len(episodes), "episodes", "ep")
@@ -254,7 +182,7 @@ def collect_rollouts(
         if session is not None:
             session.forget([i])  # an episode's key is its index
 
-    moves = act_sampling if act == "policy" else (lambda playing: [e.reference_act() for e in playing])
+    moves = config.act_sampling if act == "policy" else (lambda playing: [e.reference_act() for e in playing])
     driver.run(episodes, moves, actor=actor, on_round=on_round, on_end=on_end)
     bar.close()
     done = [r for r in results if r is not None]

@@ -237,7 +237,7 @@ class PrivateRehearsal(gym.Wrapper):
     def __init__(self, env: gym.Env, config: PlannerConfig | None = None) -> None:
         super().__init__(env)
         inner = env.unwrapped
-        self.planner = RehearsalPlanner(inner.policy, config, inner.act_sampling)
+        self.planner = RehearsalPlanner(inner.policy, config, inner.config.act_sampling)
 
     def act(self) -> str:
         return self.env.unwrapped.act(actor=self.planner)

@@ -29,10 +29,9 @@ from ..domains.registry import make_domain
 from ..domains.task import Task
 from ..episode.chat import ChatFormat
 from ..episode.driver import EpisodeDriver
-from ..episode.episode import Episode
+from ..episode.config import EpisodeConfig
 from ..episode.separate import rehearse_prompt
-from ..episode.types import EpisodeConfig
-from ..errors import TaskTooLongError
+from ..episode.start import start_episodes
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
 from ..policy.precision import autocast, resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
@@ -75,13 +74,14 @@ def sft_rows(
         if config.executor == "cached" and any(r is None for turn in task.reference for r in turn.results):
             logger.warning("sft: task %s skipped: a reference call has no recorded result to replay", task.id)
             continue
-        try:
-            episode = Episode(dom, task, config, tokenizer, np.random.default_rng(0), max_context=max_length or 8192,
-                              act_max_new_tokens=0)  # text turns: nothing reserved  # fmt: skip
-        except TaskTooLongError as exc:
-            logger.warning("sft: %s: skipped", exc)
-            too_long.append(task.id)
+        begun = start_episodes(
+            dom, [task], config, tokenizer, max_context=max_length or 8192, rng=lambda g, k: np.random.default_rng(0),
+            act_reserve=0,  # text turns: nothing reserved
+        )  # fmt: skip
+        if begun.skipped:
+            too_long += begun.skipped
             continue
+        (episode,) = begun.episodes
         for turn in task.reference:
             action = episode.reference_action(turn)  # the model family's own call syntax
             if "act" in roles:  # the row, as the episode tokenizes the text turn, through the turn's end token

@@ -33,8 +33,7 @@ import torch
 
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
-from ..episode.types import ON_INVALID, REWARDS
-from ..episode.users import check_user
+from ..episode.config import EpisodeSettings
 from ..policy.precision import autocast, resolve_dtype
 from ..policy.protocol import Policy
 from ..policy.transformers import TransformersPolicy
@@ -50,8 +49,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class TrainerConfig:
-    """Settings of :func:`train`, grouped as in TRL's configs; every field has a ``help``.
+class TrainerConfig(EpisodeSettings):
+    """Settings of :func:`train`, grouped as in TRL's configs; every field has a ``help``. How the rollouts' episodes
+    are played (executor, rehearsal mode, reward, user, limits, ...) are the :class:`EpisodeSettings` it inherits.
 
     The objective's knobs have TRL's names (``epsilon``, ``delta``, ``beta``, as in ``GRPOConfig``); G is
     ``group_size`` (TRL's ``num_generations``).
@@ -61,22 +61,6 @@ class TrainerConfig:
     domain: str | Domain = field(
         default="bank", metadata={"help": "Domain to train on (name, folder, dataset file or Domain object)."}
     )
-    rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (the paper's) or 'inline'."})
-    executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls during training rollouts."})
-    on_invalid: str = field(
-        default="terminate",
-        metadata={
-            "help": "A malformed call or a failed rehearsal: 'terminate' (reward 0, the paper's) or 'feedback' (the "
-            "typed error is the tool's response and the episode goes on)."
-        },
-    )
-    reward: str = field(
-        default="domain",
-        metadata={
-            "help": "'domain' (the domain's score) or 'reference' (the task's reference calls and answer facts, "
-            "scored without running any tool: training with no executor at all)."
-        },
-    )
     frozen_simulator: bool = field(
         default=False,
         metadata={
@@ -84,15 +68,6 @@ class TrainerConfig:
             "(separate mode); False: the policy rehearses and both roles train (EnvACE)."
         },
     )
-    user: str = field(
-        default="scripted",
-        metadata={
-            "help": "Who answers the agent's final answers: 'scripted' (the task's user turns), 'llm' (the policy plays "
-            "the user, untrained), 'rehearse' (the policy plays the user and learns to: a third role, rows 'user' with "
-            "their own group baseline) or an OpenAI-compatible endpoint URL (with user_model)."
-        },
-    )
-    user_model: str | None = field(default=None, metadata={"help": "The model name of an endpoint user."})
     tasks_per_step: int = field(default=2, metadata={"help": "Tasks per batch (each gives one group)."})
     group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
     max_new_tokens: int = field(
@@ -100,7 +75,6 @@ class TrainerConfig:
         metadata={"help": "Token budget of each Act turn and rehearsal (per generation; TRL's max_completion_length)."},
     )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
-    max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
 
     # Parameters that control the training
     steps: int = field(default=10, metadata={"help": "Gradient steps (one per batch of rollouts; TRL's max_steps)."})
@@ -148,13 +122,9 @@ class TrainerConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.on_invalid not in ON_INVALID:
-            raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {self.on_invalid!r}")
-        if self.reward not in REWARDS:
-            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
+        super().__post_init__()  # the episode settings
         if self.frozen_simulator and (self.rehearsal_mode != "separate" or self.executor != "rehearsal"):
             raise ValueError("frozen_simulator rehearses with executor='rehearsal' in rehearsal_mode='separate'")
-        check_user(self.user, self.user_model)
         if not isinstance(self.user, str):
             raise ValueError("user is a name or an endpoint URL here; pass a UserSimulator to collect_rollouts instead")
         if self.train_tasks is not None and self.train_tasks < self.tasks_per_step:
@@ -289,6 +259,7 @@ def train(
         simulator = TransformersPolicy(copy.deepcopy(model).eval().requires_grad_(False), policy.tokenizer)
     history: list[dict[str, Any]] = load_state(checkpoint, model, optimizer, rng)
     sampling, rehearsal = rollout_sampling(config.max_new_tokens, config.temperature)
+    episodes = config.episode_config(act_sampling=sampling, rehearsal=rehearsal)
     # Rollouts sample in the dtype the loss recomputes in, so the recorded log-probs are the "old" ones.
     dtype = resolve_dtype(config.dtype, next(model.parameters()).device)
     actor = policy.with_compute_dtype(None if dtype == torch.float32 else dtype) if engine is None else engine
@@ -303,11 +274,8 @@ def train(
         def roll_out(count: int) -> RolloutBatch:
             chosen = [tasks[int(i)] for i in rng.choice(len(tasks), size=count, replace=False)]
             return collect_rollouts(
-                actor, domain, chosen, config.group_size, executor=config.executor,
-                rehearsal_mode=config.rehearsal_mode, act_sampling=sampling, rehearsal=rehearsal,
-                on_invalid=config.on_invalid, max_turns=config.max_turns, reward=config.reward,
-                seed=int(rng.integers(2**31)), simulator=simulator, user=config.user, user_model=config.user_model,
-            )  # fmt: skip
+                actor, domain, chosen, config.group_size, episodes, seed=int(rng.integers(2**31)), simulator=simulator
+            )
 
         batch = roll_out(config.tasks_per_step)
         zero_std, played, skipped = _zero_std_groups(batch), _groups(batch), batch.stats.get("skipped_tasks", 0)

@@ -227,7 +227,7 @@ class Tau2Domain(Domain):
 
     ## Episode End
 
-    With a simulated user (τ²'s protocol): its stop marker; τ²'s ``max_steps`` (200 messages, counted as τ²'s
+    With a simulated user (τ²'s protocol): its stop marker; τ²'s ``max_steps`` (``max_messages`` here: 200 messages, counted as τ²'s
     orchestrator counts them) or ``max_errors`` (10 tool errors, each answered and the episode going on) with
     reward 0; ``info["termination_reason"]`` says which, in τ²'s words. With the scripted user: the final answer
     after the last scripted user turn, or 20 Act turns (the ``max_turns`` of its spec, ``tau2-v0``).

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...episode.types import ON_INVALID, REHEARSAL_MODES, REWARDS
-from ...episode.users import check_user
+from ...episode.config import EpisodeSettings
 from ...errors import TrainingConfigError
 from .colocated_vllm import refuse_vllm_settings
 from .refusals import UNUSED_BY_ENVACE_TRAINER, refuse_sharded, refuse_unused
@@ -14,8 +13,10 @@ from .packed_grpo_config import PackedGRPOConfig
 
 
 @dataclass
-class EnvACEGRPOConfig(PackedGRPOConfig):
-    """``GRPOConfig`` with the EnvACE settings; defaults follow the paper (docs/method.md).
+class EnvACEGRPOConfig(PackedGRPOConfig, EpisodeSettings):
+    """``GRPOConfig`` with the EnvACE settings: the domain and how its episodes are played (the fields of
+    :class:`~envace_gym.episode.EpisodeSettings`, flat, as TRL's users expect); defaults follow the paper
+    (docs/method.md).
 
     ``scale_rewards="none"`` (A = R - mean, no std), ``delta=3.0`` (TRL's two-sided clipping caps the ratio of
     negative-advantage tokens: the paper's dual-clip c = 3), ``loss_type="dapo"`` (token-mean over the batch),
@@ -26,24 +27,8 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
     each batch yields varies with the episodes.
     """
 
-    # Parameters that control the rollouts
+    # Parameters that control the rollouts (and the episode settings EpisodeSettings declares)
     domain: str = field(default="bank", metadata={"help": "Domain to train on (name or folder)."})
-    rehearsal_mode: str = field(default="separate", metadata={"help": "'separate' (role-wise rows) or 'inline'."})
-    executor: str = field(default="rehearsal", metadata={"help": "Who answers tool calls in rollouts."})
-    on_invalid: str = field(default="terminate", metadata={"help": "'terminate' (reward 0) or 'feedback'."})
-    reward: str = field(
-        default="domain",
-        metadata={"help": "'domain' (the domain's score) or 'reference' (reference calls and answer facts, no tool run)."},
-    )
-    max_turns: int | None = field(default=None, metadata={"help": "Act turns per episode (default: the domain's)."})
-    user: str = field(
-        default="scripted",
-        metadata={
-            "help": "Who answers the agent's final answers: 'scripted', 'llm' (the policy, untrained), 'rehearse' (the "
-            "policy, trained as a third role 'user' with its own group baseline) or an endpoint URL (with user_model)."
-        },
-    )
-    user_model: str | None = field(default=None, metadata={"help": "The model name of an endpoint user."})
 
     # Parameters whose default values are overridden from GRPOConfig (the paper's objective)
     scale_rewards: str = field(default="none", metadata={"help": "No std normalization, as in the paper."})
@@ -60,14 +45,8 @@ class EnvACEGRPOConfig(PackedGRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         # Checked here, as GRPOConfig checks its own settings: a run fails before any model or engine loads.
-        for name, value, allowed in (
-            ("rehearsal_mode", self.rehearsal_mode, REHEARSAL_MODES), ("on_invalid", self.on_invalid, ON_INVALID),
-            ("reward", self.reward, REWARDS),
-        ):  # fmt: skip
-            if value not in allowed:
-                raise TrainingConfigError(f"{name} must be one of {allowed}, got {value!r}")
         try:
-            check_user(self.user, self.user_model)
+            self.check_episode_settings()  # (TrainingArguments' __post_init__ does not chain to EpisodeSettings')
         except ValueError as exc:
             raise TrainingConfigError(str(exc)) from None
         refuse_vllm_settings(self, "EnvACEGRPOTrainer")

@@ -125,10 +125,8 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
             self._last_loaded_step = self.state.global_step
         tasks = task_ids([x["prompt"] for x in inputs])
         batch: RolloutBatch = collect_rollouts(
-            trainer_policy(self), self.domain, tasks, 1, executor=self.args.executor,
-            rehearsal_mode=self.args.rehearsal_mode, act_sampling=act, rehearsal=rehearsal,
-            on_invalid=self.args.on_invalid, max_turns=self.args.max_turns, reward=self.args.reward,
-            seed=int(torch.randint(2**31, (1,)).item()), user=self.args.user, user_model=self.args.user_model,
+            trainer_policy(self), self.domain, tasks, 1, self.args.episode_config(act_sampling=act, rehearsal=rehearsal),
+            seed=int(torch.randint(2**31, (1,)).item()),
         )  # fmt: skip
         rewards = self._episode_rewards(batch, mode)
         samples = [replace(s, reward=rewards[s.episode]) for s in batch.samples() if s.completion_ids and any(s.mask)]

@@ -15,7 +15,7 @@ from ...domains.registry import make_domain
 from ...domains.reward import as_reward_result, score_reference
 from ...domains.task import Task
 from ...domains.trajectory import CallRecord, Trajectory
-from ...episode.types import REWARDS
+from ...episode.config import REWARDS
 from ...tools.schema import ToolCall
 from .dataset import task_dataset
 

@@ -12,6 +12,7 @@ import torch
 
 from ...domains.domain import Domain
 from ...domains.registry import make_domain
+from ...episode.config import EpisodeConfig
 from ...rollout.collector import collect_rollouts
 from .colocated_vllm import refuse_vllm_settings
 from .dataset import task_ids
@@ -29,18 +30,18 @@ def envace_reward(
     return [None if r is None else float(r) for r in episode_reward]
 
 
-def make_rollout_func(
-    domain: str | Domain,
-    *,
-    rehearsal_mode: str = "inline",
-    executor: str = "rehearsal",
-    on_invalid: str = "terminate",
-    max_turns: int | None = None,
-):
+def make_rollout_func(domain: str | Domain, config: EpisodeConfig | None = None, **settings: Any):
     """A ``rollout_func`` for ``GRPOTrainer``: each prompt (a task id) is played to the end as an EnvACE episode
     with the model being trained; returns ``prompt_ids``, ``completion_ids``, ``logprobs``, ``env_mask`` and,
-    for the reward functions, ``episode_reward``, ``success`` and ``task_id``."""
+    for the reward functions, ``episode_reward``, ``success`` and ``task_id``.
+
+    ``config`` and ``settings`` say how episodes are played, as for :func:`~envace_gym.rollout.collect_rollouts`
+    (default ``rehearsal_mode="inline"``: the row trains both roles); the sampling is the trainer's. A simulated
+    user is refused: its turns would have no row here (``EnvACEGRPOTrainer`` trains with one)."""
     dom = make_domain(domain)
+    config = EpisodeConfig.build(config or EpisodeConfig(rehearsal_mode="inline"), **settings)
+    if config.user not in (None, "scripted"):
+        raise ValueError("make_rollout_func plays scripted users only (one row per prompt); use EnvACEGRPOTrainer")
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         refuse_vllm_settings(trainer.args, "make_rollout_func's rollouts")
@@ -49,8 +50,7 @@ def make_rollout_func(
         act, rehearsal = trl_sampling(trainer.args)
         policy = trainer_policy(trainer)
         batch = collect_rollouts(
-            policy, dom, task_ids(prompts), 1, executor=executor, rehearsal_mode=rehearsal_mode,
-            act_sampling=act, rehearsal=rehearsal, on_invalid=on_invalid, max_turns=max_turns,
+            policy, dom, task_ids(prompts), 1, config, act_sampling=act, rehearsal=rehearsal,
             seed=int(torch.randint(2**31, (1,)).item()), unfit="raise",  # TRL needs one row per prompt
         )  # fmt: skip
         rows = [_ended_row(e, policy.stop_ids) for e in batch.episodes]
