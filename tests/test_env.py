@@ -258,17 +258,17 @@ def test_text_turns_reserve_nothing_and_one_that_does_not_fit_ends_the_episode_w
                        act_max_new_tokens=0)  # fmt: skip
 
     probe = episode(1_000_000)
-    EpisodeDriver(policy, rng).drive([probe.step(task.reference[0].text)])
+    EpisodeDriver(policy, rng).drive([probe.play_turn(task.reference[0].text)])
     fits = len(probe.prompt_ids)  # exactly the first turn and its answer
     played = episode(fits)
-    (first,) = EpisodeDriver(policy, rng).drive([played.step(task.reference[0].text)])
+    (first,) = EpisodeDriver(policy, rng).drive([played.play_turn(task.reference[0].text)])
     assert not (first.terminated or first.truncated) and played.prompt_ids == probe.prompt_ids
     before = (list(played.prompt_ids), list(played.messages))
-    (second,) = EpisodeDriver(policy, rng).drive([played.step(task.reference[1].text)])
+    (second,) = EpisodeDriver(policy, rng).drive([played.play_turn(task.reference[1].text)])
     assert second.truncated and second.info["truncation"] == "context" and played.turn == 1
     assert (played.prompt_ids, played.messages) == before  # nothing of the turn that did not fit was kept
     # a replay reserves nothing for Act turns it does not generate: two turns fit exactly, both are played
-    EpisodeDriver(policy, rng).drive([probe.step(task.reference[1].text)])
+    EpisodeDriver(policy, rng).drive([probe.play_turn(task.reference[1].text)])
     policy.max_context = len(probe.prompt_ids)
     (result,) = collect_rollouts(policy, domain, [task], executor="real", act="reference").episodes
     assert result.turns >= 2
@@ -402,7 +402,7 @@ def test_the_env_hands_out_its_episode_step_and_keeps_an_actors_generation(tiny)
         seen.append((list(episodes), list(keys)))
         return inner.driver().generate([e.prompt_ids for e in episodes], SamplingParams(max_new_tokens=8), keys)
 
-    step = inner.step_coroutine(ToolCall("find_accounts", {"owner": "Nobody"}).to_text())
+    step = inner.turn_coroutine(ToolCall("find_accounts", {"owner": "Nobody"}).to_text())
     (outcome,) = EpisodeDriver.without_policy("the real executor answers").drive([step])
     assert not (outcome.terminated or outcome.truncated) and outcome.info["act"]["generated"] is False
     action = inner.act(actor=actor)
@@ -414,12 +414,14 @@ def test_the_env_hands_out_its_episode_step_and_keeps_an_actors_generation(tiny)
 def test_a_fork_with_a_note_starts_from_the_noted_prompt(tiny):
     import dataclasses
 
+    from envace_gym.episode.fork import fork, prompt_with_note
+
     env = make("bank", tiny, executor="real")
     env.reset(seed=0)
     episode = env.unwrapped.episode
     config = dataclasses.replace(episode.config, executor="rehearsal")
-    plain = episode.fork(config, np.random.default_rng(0))
+    plain = fork(episode, config, np.random.default_rng(0))
     assert plain.prompt_ids == episode.prompt_ids and plain.prompt_text == episode.prompt_text
-    noted = episode.fork(config, np.random.default_rng(0), note="Remember: look the account up first.")
-    assert (noted.prompt_ids, noted.prompt_text) == episode.prompt_with_note("Remember: look the account up first.")
+    noted = fork(episode, config, np.random.default_rng(0), note="Remember: look the account up first.")
+    assert (noted.prompt_ids, noted.prompt_text) == prompt_with_note(episode, "Remember: look the account up first.")
     assert episode.prompt_text.count("Remember") == 0  # the episode itself is unchanged

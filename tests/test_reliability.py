@@ -31,11 +31,11 @@ from envace_gym import (
     SamplingParams,
     Task,
     ToolCall,
+    ToolSchema,
     make_domain,
     parse_act,
     parse_execution_result,
 )
-from envace_gym import ToolSchema
 from envace_gym.env import RehearsalVectorEnv
 from envace_gym.errors import SchemaError
 from envace_gym.rollout import collect_rollouts
@@ -284,7 +284,7 @@ def assert_one_conversation(episode, observation):
     assert observation == episode.prompt_text == chat.decode(episode.prompt_ids)
     assert chat.encode(observation) == episode.prompt_ids
     ended_on_answer = episode.done and episode.messages[-1]["role"] == "assistant"
-    rendered = chat.render(episode._for_chat(episode.messages), episode.tools_openai, not ended_on_answer)
+    rendered = chat.render(episode.chat.safe_messages(episode.messages), episode.tools_openai, not ended_on_answer)
     if ended_on_answer:  # the template closes the last turn with more than its end token
         assert rendered.startswith(observation) and not rendered[len(observation) :].strip()
     else:

@@ -180,7 +180,7 @@ def test_act_prompts_grow_by_appending(tiny):
     prompts = []
     for turn in domain.task("bank/000").reference:
         prompts.append(list(replay.prompt_ids))
-        step = replay.step(turn.text)
+        step = replay.play_turn(turn.text)
         try:
             requests = next(step)
             while True:
@@ -286,10 +286,11 @@ def test_the_driver_plays_a_turn_as_generate_then_lockstep_did(tiny):
 
     by_hand, rng = episodes(), np.random.default_rng(7)
     gens = generate_batched(tiny, [e.prompt_ids for e in by_hand], params, rng, None, [e.key for e in by_hand])
-    manual = EpisodeDriver(tiny, rng).drive([e.step(g.text, g) for e, g in zip(by_hand, gens, strict=True)])
+    manual = EpisodeDriver(tiny, rng).drive([e.play_turn(g.text, g) for e, g in zip(by_hand, gens, strict=True)])
     driven = episodes()
     done = []
-    outcomes = EpisodeDriver(tiny, np.random.default_rng(7)).play_turn(driven, params, on_done=done.append)
+    driver = EpisodeDriver(tiny, np.random.default_rng(7))
+    outcomes = driver.play(driven, driver.act(driven, params), on_done=done.append)
     assert [o.info["messages"] for o in outcomes] == [o.info["messages"] for o in manual]
     assert [e.rows for e in driven] == [e.rows for e in by_hand] and sorted(done) == [0, 1]
     with pytest.raises(ValueError, match="one move per episode"):

@@ -130,9 +130,9 @@ def test_tool_errors_are_answered_as_tau2_answers_them_and_max_errors_ends_the_r
         Tau2Call(id="1", name="get_order_details", arguments={"order_id": "#W0000000"}, requestor="assistant")
     )
     assert tau2.error and env.episode.messages[-1]["content"] == tau2.content  # "Error: ...", word for word
-    assert not (terminated or truncated) and env.episode.errors == 1  # answered, and the run goes on
+    assert not (terminated or truncated) and env.episode.transcript.errors == 1  # answered, and the run goes on
     *_, terminated, truncated, info = env.step('<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>')
-    assert not (terminated or truncated) and env.episode.errors == 2  # an invalid call is answered too (feedback)
+    assert not (terminated or truncated) and env.episode.transcript.errors == 2  # an invalid call is answered too (feedback)
     *_, reward, terminated, truncated, info = env.step(missing)
     assert terminated and reward == 0.0 and info["termination_reason"] == "too_many_errors"
 

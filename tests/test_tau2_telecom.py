@@ -99,7 +99,7 @@ def test_the_user_calls_its_own_tools_with_tau2s_guidelines_for_users_with_tools
     agent_text = json.dumps(env.episode.messages[1:])  # (the system prompt, τ²'s policy, names the phone's tools)
     assert "Roaming is now ON" not in agent_text and "toggle_" not in agent_text  # ... never to the agent,
     assert "Done, it works now." in agent_text  # which gets the user's message
-    assert env.episode.steps == 7  # τ²'s count: opening 1, agent 2, call 3, result 4, call 5, result 6, message 7
+    assert env.episode.transcript.steps == 7  # τ²'s count: opening 1, agent 2, call 3, result 4, call 5, result 6, message 7
     *_, reward, terminated, truncated, info = env.step("Glad it works now.")
     assert terminated and info["termination_reason"] == "user_stop" and reward == 1.0  # τ²'s env assertions hold
 

@@ -309,7 +309,7 @@ def test_a_message_that_would_take_the_observation_past_its_space_is_not_kept():
     bound = len(probe.prompt_text) + 200  # room for the Act turn, not for its answer
     episode = Episode(domain, task, EpisodeConfig(executor="real"), policy.tokenizer, np.random.default_rng(0),
                       max_observation_chars=bound)  # fmt: skip
-    (outcome,) = EpisodeDriver(policy, episode.rng).drive([episode.step(ToolCall("find_accounts", {"owner": "Ana"}).to_text())])
+    (outcome,) = EpisodeDriver(policy, episode.rng).drive([episode.play_turn(ToolCall("find_accounts", {"owner": "Ana"}).to_text())])
     assert outcome.truncated and outcome.info["truncation"] == "context"
     assert len(outcome.observation) <= bound and [m["role"] for m in episode.messages] == ["system", "user", "assistant"]
     assert episode.records and episode.records[-1].call.name == "find_accounts"  # the call itself was made

@@ -70,7 +70,7 @@ def test_a_user_that_never_stops_ends_at_max_user_turns():
     env.reset(options={"task": "travel/000"})
     outcomes = [env.step("Anything else?") for _ in range(3)]
     assert [o[3] for o in outcomes] == [False, False, True] and outcomes[-1][4]["truncation"] == "max_user_turns"
-    assert env.episode.user_turns == 3 and not outcomes[-1][4]["reward_masked"]  # scored: the agent's own run
+    assert env.episode.transcript.user_turns == 3 and not outcomes[-1][4]["reward_masked"]  # scored: the agent's own run
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,9 @@ import numpy as np
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..domains.task import Task
-from ..episode.driver import Actor, EpisodeDriver, StepCoroutine, open_session
-from ..episode.episode import Episode
 from ..episode.config import MAX_OBSERVATION_CHARS, EpisodeConfig
+from ..episode.driver import Actor, EpisodeDriver, TurnCoroutine, open_session
+from ..episode.episode import Episode
 from ..episode.start import simulated_user, start_episodes
 from ..episode.users import UserSimulator
 from ..errors import EnvACEError, TaskTooLongError
@@ -232,12 +232,12 @@ class RehearsalEnv(gym.Env[str, str]):
         return self._episode.observation(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        step = self.step_coroutine(action)
+        turn = self.turn_coroutine(action)
         if self._weights_deferred():  # the real executor answers every call: nothing here generates
             driver = EpisodeDriver(_LoadOnGenerate(self), self.np_random)
         else:
             driver = self.driver()
-        (outcome,) = driver.drive([step])
+        (outcome,) = driver.drive([turn])
         if self.render_mode == "human":
             self.render()
         return outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
@@ -255,7 +255,7 @@ class RehearsalEnv(gym.Env[str, str]):
             return None
         return text
 
-    def step_coroutine(self, action: str, act: Generation | None = None) -> StepCoroutine:
+    def turn_coroutine(self, action: str, act: Generation | None = None) -> TurnCoroutine:
         """The current episode's step for ``action``, for a driver to run (as :meth:`step` does, or a vector
         env, batched with others). ``act`` is the generation that wrote ``action`` (default: the one kept by
         the last :meth:`act`); it is used only if its text is ``action``, else the text is tokenized as given."""
@@ -264,7 +264,7 @@ class RehearsalEnv(gym.Env[str, str]):
         act = act if act is not None else kept
         if act is not None and act.text != action:
             act = None  # the caller changed the text: it is tokenized as given
-        return episode.step(action, act)
+        return episode.play_turn(action, act)
 
     # -- acting with the env's own policy -------------------------------------------------------------
     def act(self, params: SamplingParams | None = None, actor: Actor | None = None) -> str:

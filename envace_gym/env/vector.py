@@ -148,7 +148,7 @@ class RehearsalVectorEnv(VectorEnv):
                 continue
             act, self._acts[i] = self._acts[i], None
             stepping.append(i)
-            coroutines.append(env.step_coroutine(actions[i], act))
+            coroutines.append(env.turn_coroutine(actions[i], act))
         bar = ProgressReporter(self.progress, len(coroutines), "sub-env turns", "env")
         outcomes = self.driver().drive(coroutines, on_done=lambda _: bar.update())
         bar.close()

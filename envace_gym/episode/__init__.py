@@ -8,11 +8,11 @@ many episodes against one policy (the episode loop: :meth:`~.driver.EpisodeDrive
 
 from __future__ import annotations
 
-from .chat import ChatFormat
-from .driver import EpisodeDriver, NoGeneration, fulfil, generate_batched, open_session
-from .episode import NOTHING_MORE, Episode, StepCoroutine, render_for_model
-from .transcript import Transcript
+from .chat import ChatFormat, render_for_model
 from .config import MAX_USER_TURNS, ON_INVALID, REHEARSAL_MODES, EpisodeConfig, EpisodeSettings
+from .driver import EpisodeDriver, NoGeneration, generate_batched, open_session
+from .episode import NOTHING_MORE, Episode, TurnCoroutine
+from .transcript import Transcript
 from .types import CallState, GenerationRequest, Row, StepOutcome
 from .users import UserReply, UserRequest, UserSimulator
 
@@ -30,13 +30,12 @@ __all__ = [
     "ON_INVALID",
     "REHEARSAL_MODES",
     "Row",
-    "StepCoroutine",
     "StepOutcome",
+    "TurnCoroutine",
     "Transcript",
     "UserReply",
     "UserRequest",
     "UserSimulator",
-    "fulfil",
     "generate_batched",
     "open_session",
     "render_for_model",

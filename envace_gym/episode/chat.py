@@ -155,6 +155,15 @@ class ChatFormat:
                 text = text.replace(special, special[:1] + "\u200b" + special[1:])
         return text
 
+    def safe_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Messages as the template renders them into the ids: :func:`render_for_model`, with special-token
+        strings in their text broken (:meth:`neutralize`) so no content can open or close a turn."""
+        out = []
+        for m in render_for_model(messages):
+            m = {**m, "content": self.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
+            out.append({**m, "name": self.neutralize(m["name"])} if isinstance(m.get("name"), str) else m)
+        return out
+
     def act_view(self, ids: Sequence[int], keep: Sequence[str]) -> str:
         """A generated Act turn as text for its parser: special tokens dropped, except those in ``keep`` (the
         tokens a tool-call format writes calls with, such as Mistral's ``[TOOL_CALLS]``)."""
@@ -338,6 +347,12 @@ class ChatFormat:
     def _act_ends(self) -> tuple[str, str]:
         call = {"type": "function", "function": {"name": "t", "arguments": {}}}
         return self._act_parts("a")[1], self._act_parts("", [call])[1]
+
+
+def render_for_model(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the chat template should see them: an assistant turn is shown exactly as the model
+    wrote it (its raw text already holds the ``<tool_call>`` blocks), so structured ``tool_calls`` are dropped."""
+    return [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
 
 
 def _template_text(tokenizer: Any) -> str:

@@ -4,10 +4,10 @@ Every entry point that plays episodes goes through it: the single env, the vecto
 the planner's imagined episodes, the SFT reference replay (a driver whose policy refuses to generate,
 :class:`NoGeneration`) and the benchmarks. Three levels, each built on the one below:
 
-* :meth:`EpisodeDriver.drive` answers the requests of several episodes' steps (:meth:`Episode.step` coroutines)
-  until each returns: rehearsals by the policy (or a frozen simulator), simulated users' turns by their
-  simulators, one batch per participant and sampling setting per round;
-* :meth:`EpisodeDriver.play_turn` is one round of play: every live episode's Act turn, then their steps;
+* :meth:`EpisodeDriver.drive` answers the requests of several episodes' turns (:meth:`Episode.play_turn`
+  coroutines) until each returns: rehearsals by the policy (or a frozen simulator), simulated users' turns by
+  their simulators, one batch per participant and sampling setting per round;
+* :meth:`EpisodeDriver.play` steps every episode with its given move (:meth:`EpisodeDriver.act` writes them);
 * :meth:`EpisodeDriver.run` is the episode loop itself: rounds until every episode has ended.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import DomainError
 from ..policy.protocol import Generation, Policy, SamplingParams
-from .episode import Answer, Episode, Request, StepCoroutine
+from .episode import Answer, Episode, Request, TurnCoroutine
 from .types import GenerationRequest, StepOutcome
 from .users import UserRequest, UserSimulator
 
@@ -80,9 +80,9 @@ class EpisodeDriver:
         if generations:
             mine = [requests[i] for i in generations]
             if self.simulator is not None:
-                gens = fulfil(self.simulator, mine, self.rng)  # type: ignore[arg-type]
+                gens = _generate_all(self.simulator, mine, self.rng)  # type: ignore[arg-type]
             else:
-                gens = fulfil(self.policy, mine, self.rng, self.session)  # type: ignore[arg-type]
+                gens = _generate_all(self.policy, mine, self.rng, self.session)  # type: ignore[arg-type]
             for i, gen in zip(generations, gens, strict=True):
                 out[i] = gen
         return out  # type: ignore[return-value]
@@ -97,7 +97,7 @@ class EpisodeDriver:
             return list(actor(episodes, self.rng, self.session, keyed))
         return self.generate([e.prompt_ids for e in episodes], params, keyed)
 
-    def drive(self, steps: Sequence[StepCoroutine], on_done: Callable[[int], None] | None = None) -> list[StepOutcome]:
+    def drive(self, steps: Sequence[TurnCoroutine], on_done: Callable[[int], None] | None = None) -> list[StepOutcome]:
         """Run several episodes' steps together: at each round, the requests of every step still waiting are
         answered together (:meth:`fulfil`), then each step gets its answers back. ``on_done(i)`` is called as step
         ``i`` finishes (progress)."""
@@ -123,19 +123,10 @@ class EpisodeDriver:
         if len(moves) != len(episodes):
             raise ValueError(f"expected one move per episode ({len(episodes)}), got {len(moves)}")
         steps = [
-            e.step(m.text, m) if isinstance(m, Generation) else e.step(m) for e, m in zip(episodes, moves, strict=True)
+            e.play_turn(m.text, m) if isinstance(m, Generation) else e.play_turn(m)
+            for e, m in zip(episodes, moves, strict=True)
         ]
         return self.drive(steps, on_done)
-
-    def play_turn(
-        self,
-        episodes: Sequence[Episode],
-        params: SamplingParams,
-        actor: Actor | None = None,
-        on_done: Callable[[int], None] | None = None,
-    ) -> list[StepOutcome]:
-        """One round: the Act turns of ``episodes`` (:meth:`act`), then their steps (:meth:`play`)."""
-        return self.play(episodes, self.act(episodes, params, actor), on_done)
 
     def run(
         self,
@@ -209,7 +200,7 @@ def generate_batched(
     return policy.generate([list(p) for p in prompts], params)
 
 
-def fulfil(
+def _generate_all(
     policy: Policy, requests: Sequence[GenerationRequest], rng: np.random.Generator, session: Any = None
 ) -> list[Generation]:
     """Generate every request, batching those that share sampling parameters into one call each."""
@@ -226,7 +217,7 @@ def fulfil(
 
 
 def _advance(
-    i: int, step: StepCoroutine, sent: Any, waiting: dict, outcomes: list, on_done: Callable[[int], None] | None
+    i: int, step: TurnCoroutine, sent: Any, waiting: dict, outcomes: list, on_done: Callable[[int], None] | None
 ) -> None:
     try:
         waiting[i] = step.send(sent) if sent is not None else next(step)

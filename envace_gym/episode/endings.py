@@ -1,7 +1,8 @@
 """How an episode ends: the limits and bounds checked after every turn, τ²-Bench's premature ends, and the reward
 (the domain's score or the reference reward; a verifier that fails masks the episode, never a silent 0).
 
-``rules`` resolves an episode's limits from its config, its domain and its user's protocol.
+``rules`` resolves an episode's limits from its config, its domain and its user's protocol; ``abort`` ends an episode
+whose turn the environment's own code failed (the turn undone).
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..domains.reward import RewardResult, as_reward_result, score_reference
-from ..errors import ToolError
+from ..errors import ErrorCode, ToolError
 from .config import MAX_USER_TURNS, TAU2_MAX_ERRORS, TAU2_MAX_STEPS, EpisodeConfig
 from .types import StepOutcome
 
 if TYPE_CHECKING:
     from .episode import Episode
+    from .transcript import Mark
 
 logger = logging.getLogger("envace_gym")
 
@@ -26,7 +28,7 @@ TRUNCATIONS = ("max_turns", "max_user_turns", "context")
 def after_errors(episode: Episode, errors: list[ToolError], info: dict[str, Any]) -> StepOutcome:
     """A turn with errors: the end under ``on_invalid="terminate"`` (reward 0), else the episode goes on."""
     info["error"] = errors[0].to_dict()
-    episode.errors += len(errors)
+    episode.transcript.errors += len(errors)
     if episode.on_invalid == "terminate":
         episode.done, episode.termination_reason = True, "invalid_call"
         episode.reward_result = RewardResult(0.0, {"no_invalid_call": False})
@@ -39,9 +41,9 @@ def continue_or_end(episode: Episode, info: dict[str, Any]) -> StepOutcome:
     bound = bound_reached(episode)
     if bound is not None:
         return end_at_bound(episode, bound, info)
-    if episode.max_turns is not None and episode.turn >= episode.max_turns:
+    if episode.max_turns is not None and episode.transcript.turn >= episode.max_turns:
         return finish(episode, info, "max_turns")
-    if episode.max_user_turns is not None and episode.user_turns > episode.max_user_turns:
+    if episode.max_user_turns is not None and episode.transcript.user_turns > episode.max_user_turns:
         return finish(episode, info, "max_user_turns")
     if episode.overflowed or len(episode.prompt_ids) + episode.act_max_new_tokens > episode.max_context:
         return finish(episode, info, "context")
@@ -51,9 +53,9 @@ def continue_or_end(episode: Episode, info: dict[str, Any]) -> StepOutcome:
 def bound_reached(episode: Episode) -> str | None:
     """τ²-Bench's bound the episode has reached, as its orchestrator checks them (errors last, so they win)."""
     reached = None
-    if episode.max_messages is not None and episode.steps >= episode.max_messages:
+    if episode.max_messages is not None and episode.transcript.steps >= episode.max_messages:
         reached = "max_steps"
-    if episode.max_errors is not None and episode.errors >= episode.max_errors:
+    if episode.max_errors is not None and episode.transcript.errors >= episode.max_errors:
         reached = "too_many_errors"
     return reached
 
@@ -128,3 +130,19 @@ def rules(
             config.max_errors or TAU2_MAX_ERRORS)  # fmt: skip
     max_user_turns = config.max_user_turns if config.max_user_turns is not None else MAX_USER_TURNS
     return on_invalid, config.max_turns or domain_max_turns, max_user_turns, config.max_messages, config.max_errors
+
+
+def abort(episode: Episode, mark: Mark, exc: Exception) -> StepOutcome:
+    """The environment's own code failed during a turn: the turn undone back to ``mark``, the episode ended as
+    truncated with its reward masked and an ``ENVIRONMENT_ERROR``."""
+    episode.transcript.rollback(mark)
+    error = ToolError(
+        ErrorCode.ENVIRONMENT_ERROR,
+        f"the environment failed during this turn ({type(exc).__name__}: {exc}); the turn was undone"[:300],
+        {"exception": type(exc).__name__},
+        source="environment",
+    )
+    logger.warning("episode of %s ended: %s", episode.task.id, error.message, exc_info=exc)
+    episode.done, episode.reward_result, episode.termination_reason = True, RewardResult(None, {}), "environment_error"
+    info = {"tool_calls": [], "calls": [], "rehearsals": [], "error": error.to_dict(), "act": None}
+    return outcome(episode, 0.0, False, True, info)

@@ -1,6 +1,6 @@
 """One episode of world rehearsal, independent of the Gymnasium API and of how text is generated.
 
-:meth:`Episode.step` is a generator: it takes the agent's Act turn, does everything that needs no model
+:meth:`Episode.play_turn` is a generator: it takes the agent's Act turn, does everything that needs no model
 (parse, validate, route, real or cached answers), *yields* the generations it needs (rehearsals), gets them
 sent back, and returns a :class:`StepOutcome`. An :class:`~envace_gym.episode.driver.EpisodeDriver` answers the
 yields: for one episode (:class:`~envace_gym.env.RehearsalEnv`) or for many in one batched call per round (the
@@ -11,12 +11,9 @@ docs/method.md ("Roll-out") describes it:
              → real executor | reference cache | Rehearse (the policy)
              → tool messages → next Act prompt, or a scripted user turn, or the end and the reward.
 
-The Rehearse role's part of a turn is its rehearsal mode's (:data:`TOOL_TURNS`): ``separate``, the paper's, a fresh
-prompt per call (:mod:`envace_gym.episode.separate`), or ``inline``, the tool turn written into the chat itself
-(:mod:`envace_gym.episode.inline`).
-
-The conversation is kept as token ids that only grow (see :mod:`envace_gym.episode.chat`): the Act prompt of turn
-k+1 is the prompt of turn k, the ids of the Act turn, then the ids of what followed.
+The Rehearse role's part of a turn is its rehearsal mode's (:data:`TOOL_TURNS`); the conversation, as token ids
+that only grow, and the turn's counters are the :class:`~envace_gym.episode.transcript.Transcript`, whose mark
+undoes a failed turn.
 """
 
 from __future__ import annotations
@@ -33,20 +30,21 @@ from ..domains.domain import Domain
 from ..domains.reward import RewardResult
 from ..domains.task import Task
 from ..domains.trajectory import CallRecord, Trajectory
-from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, TaskTooLongError, ToolError, raised_at
+from ..errors import DomainError, EnvACEError, PolicyError, TaskTooLongError
 from ..parsing.formats import strip_think, tool_call_format
 from ..policy.protocol import Generation
-from ..rehearsal.routing import choose_route
 from ..text import clean_text
 from ..tools.budget import StepBudget
 from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
 from . import inline, separate
+from .acts import act_ids, record_act
 from .chat import ChatFormat
-from .endings import after_errors, continue_or_end, finish, outcome, rules
-from .responses import dump, tool_message
-from .transcript import Transcript
 from .config import MAX_OBSERVATION_CHARS, EpisodeConfig
+from .endings import abort, after_errors, continue_or_end, finish, rules
+from .responses import dump, tool_message
+from .routes import answer_without_model
+from .transcript import Transcript
 from .types import CallState, GenerationRequest, Row, StepOutcome
 from .user_turns import keep_user_row, user_failed, user_turn
 from .users import OPENING, UserReply, UserRequest, UserSimulator
@@ -56,17 +54,11 @@ logger = logging.getLogger("envace_gym")
 # What a step asks for (a generation: rehearsals; a simulated user's turn) and gets back, in order.
 Request = GenerationRequest | UserRequest
 Answer = Generation | UserReply
-StepCoroutine = Generator[list[Request], list[Answer], StepOutcome]
+TurnCoroutine = Generator[list[Request], list[Answer], StepOutcome]
 
 # Each rehearsal mode's tool turn (its module says what it does), by its name in types.REHEARSAL_MODES.
 TOOL_TURNS = {"separate": separate.tool_turn, "inline": inline.tool_turn}
 NOTHING_MORE = "I have nothing more to do."  # the Act turn of a reference replay past the reference solution
-
-
-def render_for_model(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as the chat template should see them: an assistant turn is shown exactly as the model
-    wrote it (its raw text already holds the ``<tool_call>`` blocks), so structured ``tool_calls`` are dropped."""
-    return [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
 
 
 class Episode:
@@ -139,7 +131,6 @@ class Episode:
         self.on_invalid, self.max_turns, self.max_user_turns, self.max_messages, self.max_errors = rules(
             config, domain.max_turns, self.protocol
         )
-        self.errors = 0  # tool errors so far (max_errors)
         self.termination_reason: str | None = None  # why it ended, in τ²-Bench's words where τ² has them
         self.opening_error: str | None = None
         if opening is not None and not opening.text:
@@ -150,9 +141,8 @@ class Episode:
         if opening is not None and self.protocol == "tau2":  # τ²: the greeting the user answered opens both views
             messages.append({"role": "assistant", "content": OPENING})
         messages.append({"role": "user", "content": clean_text(first)})
-        self.steps = 1  # messages so far, as τ²-Bench counts its steps (max_messages): the user's first one
         # The conversation as ids: rendered and tokenized once here, then only appended to.
-        text = self.chat.render(self._for_chat(messages), self.tools_openai)
+        text = self.chat.render(self.chat.safe_messages(messages), self.tools_openai)
         self._refuse_if_too_long(len(text), tokens=0)  # by its characters first: a text of any length is not tokenized
         ids = self.chat.encode(text)
         self._refuse_if_too_long(len(text), tokens=len(ids))
@@ -162,17 +152,15 @@ class Episode:
         self.user_view: list[dict[str, str]] = [messages[-1]]
         if opening is not None and self.opening_error is None:
             keep_user_row(self, opening)
-        self.pending_user_turns = [clean_text(turn) for turn in task.user_turns]
-        if (self.pending_user_turns or user is not None) and self.chat.user_turns_ok is not None:
+        self.scripted_turns = tuple(clean_text(turn) for turn in task.user_turns)  # the later user turns, in order
+        if (self.scripted_turns or user is not None) and self.chat.user_turns_ok is not None:
             raise PolicyError(
-                f"task {task.id!r} has {len(self.pending_user_turns)} later user turn(s)"
+                f"task {task.id!r} has {len(self.scripted_turns)} later user turn(s)"
                 f"{' and a simulated user' if user is not None else ''}, but this chat template rewrites earlier turns "
                 f"once a new user turn follows (Qwen3.5 drops their <think> blocks), so the "
                 f"conversation cannot grow by appending ids ({self.chat.user_turns_ok}); play single-turn tasks, "
                 "or use a template that keeps past turns as they were"
             )
-        self.user_turns = 1
-        self.turn = 0
         self.done = False
         self.scored = True  # False for imagined episodes: their outcome is for the agent to judge, not the verifier
         self.reward_result: RewardResult | None = None
@@ -199,6 +187,11 @@ class Episode:
                 and len(self.prompt_text) + chars <= self.max_observation_chars)  # fmt: skip
 
     # -- views ----------------------------------------------------------------------------------------
+    @property
+    def turn(self) -> int:
+        """Act turns so far."""
+        return self.transcript.turn
+
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The conversation as messages (the transcript's: append to it only through a step)."""
@@ -232,41 +225,11 @@ class Episode:
         zero-width space, so tokenizing the observation cannot open or re-role a turn."""
         return self.prompt_text
 
-    def encode(self, text: str) -> list[int]:
-        return self.chat.encode(text)
-
     def trajectory(self) -> Trajectory:
         return Trajectory(
             self.task, tuple(copy.deepcopy(self.messages)), tuple(self.records), tuple(self.answers),
             tuple(self.transcript.said),
         )  # fmt: skip
-
-    def fork(self, config: EpisodeConfig, rng: np.random.Generator, note: str | None = None) -> Episode:
-        """A private copy of the conversation so far, played on under ``config`` (say, every call rehearsed):
-        nothing done in it reaches this episode or its executor. It knows no future user turn (a final
-        answer ends it) and it is not scored: the verifier's view of the task is not the agent's. A ``note``
-        (say, a planner's memory) is placed before the copy's next Act turn (:meth:`prompt_with_note`)."""
-        twin = copy.copy(self)
-        twin.config, twin.rng, twin.key = config, rng, None
-        twin.executor = None if config.executor == "rehearsal" else self.domain.make_executor(self.task)
-        twin.cache = None
-        twin.transcript = self.transcript.fork()  # records only what happens in the copy
-        twin.pending_user_turns, twin.scored, twin.done, twin.reward_result = [], False, False, None
-        twin.user = None
-        twin.on_invalid = config.on_invalid or self.on_invalid
-        twin.max_turns = self.turn + (config.max_turns or self.max_turns or self.domain.max_turns)
-        if note is not None:
-            twin.transcript.prompt_ids, twin.transcript.prompt_text = self.prompt_with_note(note)
-        return twin
-
-    def prompt_with_note(self, note: str, role: str = "system") -> tuple[list[int], str]:
-        """The next Act prompt (ids, text) with a private note inserted just before the assistant's turn;
-        the episode itself is unchanged."""
-        opening, tail = self.chat.generation_prompt, self.chat.generation_prompt_ids
-        if not self.prompt_text.endswith(opening) or self.prompt_ids[-len(tail) :] != tail:
-            raise EnvACEError("the prompt does not end with the template's generation prompt")
-        insert = self.chat.insertion([{"role": role, "content": self.chat.neutralize(clean_text(note))}]) + opening
-        return self.prompt_ids[: -len(tail)] + self.chat.encode(insert), self.prompt_text[: -len(opening)] + insert
 
     def episode_row(self) -> Row:
         """The whole episode as one row (``inline`` mode's training row; in ``separate`` mode, the Act
@@ -276,18 +239,18 @@ class Episode:
     def base_info(self) -> dict[str, Any]:
         return {
             "task_id": self.task.id,
-            "turn": self.turn,
+            "turn": self.transcript.turn,
             "executor": self.config.executor,
             "rehearsal_mode": self.config.rehearsal_mode,
             "messages": copy.deepcopy(self.messages),
             **({"user_opening_error": self.opening_error} if self.opening_error else {}),
         }
 
-    # -- the step -------------------------------------------------------------------------------------
-    def step(self, action: str, act: Generation | None = None) -> StepCoroutine:
-        """Play one Act turn. ``act`` is the generation that wrote ``action``, when there is one (its ids
-        and log-probs are kept as they are); otherwise ``action`` is tokenized. Yields generation
-        requests; returns the outcome.
+    # -- the turn -------------------------------------------------------------------------------------
+    def play_turn(self, action: str, act: Generation | None = None) -> TurnCoroutine:
+        """Play one Act turn, as a coroutine for a driver to run. ``act`` is the generation that wrote ``action``,
+        when there is one (its ids and log-probs are kept as they are); otherwise ``action`` is tokenized. Yields
+        generation requests; returns the outcome.
 
         Whatever the environment's own parts raise during the turn (a tokenizer, a registry, a custom
         domain's code) undoes the whole turn and ends the episode as truncated with its reward masked and
@@ -295,14 +258,15 @@ class Episode:
         """
         if self.done:
             raise EnvACEError("this episode is over; call reset() before step()")
-        saved = self._checkpoint()
+        mark = self.transcript.mark()
         try:
-            return (yield from self._step(clean_text(action) if isinstance(action, str) else action, act))
+            return (yield from self._turn(clean_text(action) if isinstance(action, str) else action, act))
         except Exception as exc:
-            return self._abort(saved, exc)
+            return abort(self, mark, exc)
 
-    def _step(self, action: str, act: Generation | None) -> StepCoroutine:
+    def _turn(self, action: str, act: Generation | None) -> TurnCoroutine:
         info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
+        t = self.transcript
         if self.opening_error is not None and self.protocol == "tau2":  # τ²: a user who could not open fails the run
             return user_failed(self, self.opening_error, info)
         if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
@@ -314,15 +278,15 @@ class Episode:
         # A text turn ends as the template ends the message that follows it (GLM: <|observation|> before a tool
         # message, the error of a malformed call included).
         answered_by_tool = bool(parsed.calls) or (parsed.error is not None and self.chat.error_role == "tool")
-        ids, logprobs = self._act_ids(action, act, answered_by_tool)
+        ids, logprobs = act_ids(self, action, act, answered_by_tool)
         shown = self.chat.display(ids)
         if not self._fits(len(ids), len(shown)):  # the turn itself does not fit: nothing of it is kept
             info["act"] = None
             return finish(self, info, "context")
-        self.turn += 1
-        self.steps += 1
-        self._record_act(ids, shown, logprobs, act, info)
-        calls = [replace(c, id=f"call_{self.turn}_{i}") for i, c in enumerate(parsed.calls)]
+        t.turn += 1
+        t.steps += 1
+        record_act(self, ids, shown, logprobs, act, info)
+        calls = [replace(c, id=f"call_{t.turn}_{i}") for i, c in enumerate(parsed.calls)]
         text = action[: self.config.limits.max_action_chars] if isinstance(action, str) else ""
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls and parsed.error is None:
@@ -331,26 +295,26 @@ class Episode:
         info["tool_calls"] = [c.to_json() for c in calls]
 
         if parsed.error is not None:  # a malformed turn: nothing of it is executed
-            self.steps += 1  # its error message answers it, as a tool's would
-            self.records.append(CallRecord(self.turn, None, None, error=parsed.error, user_turn=self.user_turns))
+            t.steps += 1  # its error message answers it, as a tool's would
+            self.records.append(CallRecord(t.turn, None, None, error=parsed.error, user_turn=t.user_turns))
             self.add_messages(
                 [{"role": self.chat.error_role, "name": "", "content": dump(parsed.error.to_payload())}]
             )
             return after_errors(self, [parsed.error], info)
 
         if parsed.content.strip():
-            self.transcript.said.append(parsed.content)
+            t.said.append(parsed.content)
         if parsed.is_final_answer:
             self.answers.append(parsed.content)
             self.user_view.append({"role": "assistant", "content": strip_think(parsed.content).strip()})
             if self.user is not None:
                 return (yield from user_turn(self, self.user, info))
-            if not self.pending_user_turns:
+            if t.user_turns > len(self.scripted_turns):  # (the opening is user turn 1)
                 return finish(self, info, "agent_stop")
-            turn = {"role": "user", "content": self.pending_user_turns.pop(0)}
+            turn = {"role": "user", "content": self.scripted_turns[t.user_turns - 1]}
             self.add_messages([turn])
             self.user_view.append(turn)
-            self.user_turns += 1
+            t.user_turns += 1
             return continue_or_end(self, info)
 
         # Validate every call before answering any: an invalid call ends the turn cheaply.
@@ -359,10 +323,10 @@ class Episode:
             for state in states:
                 state.error = self.registry.validate(state.call, self.whitelist).error
         invalid = [s.error for s in states if s.error is not None]
-        self.steps += 1  # the tool responses to the turn's calls: one message, as τ² counts them
+        t.steps += 1  # the tool responses to the turn's calls: one message, as τ² counts them
         if invalid and self.on_invalid == "terminate":
             self.records.extend(
-                CallRecord(self.turn, s.call, None, error=s.error, user_turn=self.user_turns) for s in states
+                CallRecord(t.turn, s.call, None, error=s.error, user_turn=t.user_turns) for s in states
             )
             info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
             self.add_messages(
@@ -373,13 +337,13 @@ class Episode:
         failures = getattr(self.executor, "failures", 0)
         for state in states:
             if state.error is None:
-                self.answer_without_model(state)
-        self.errors += getattr(self.executor, "failures", 0) - failures  # a tool that refused (ToolFailure)
+                answer_without_model(self, state)
+        t.errors += getattr(self.executor, "failures", 0) - failures  # a tool that refused (ToolFailure)
 
         yield from TOOL_TURNS[self.config.rehearsal_mode](self, states, text, info)  # the Rehearse role's turn
 
         self.records.extend(
-            CallRecord(self.turn, s.call, s.route, s.response, s.error, self.user_turns) for s in states
+            CallRecord(t.turn, s.call, s.route, s.response, s.error, t.user_turns) for s in states
         )
         info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
         errors = [s.error for s in states if s.error is not None]
@@ -387,64 +351,12 @@ class Episode:
             return after_errors(self, errors, info)
         return continue_or_end(self, info)
 
-    def answer_without_model(self, state: CallState, user: bool = False) -> None:
-        """Route one valid call (``user``: a call of the user's own tools, which the reference cache does not
-        hold); answer it now unless it goes to the Rehearse role."""
-        call = state.call
-        with self.budget:
-            hit, cached = self.cache.lookup(call) if self.cache is not None and not user else (False, None)
-        state.route = choose_route(self.config.executor, self.rng, self.config.p_real, hit)
-        if state.route == "cache":
-            state.response = cached
-        elif state.route == "real":
-            run = self.executor.execute_user if user else self.executor.execute  # type: ignore[union-attr]
-            try:
-                state.response = run(call)
-            except Exception as exc:  # the executor's bug, reported as data; the episode survives it
-                state.error = ToolError(
-                    ErrorCode.EXECUTION_ERROR,
-                    f"{call.name} failed: {type(exc).__name__}: {exc}"[:300],
-                    {"tool": call.name},
-                    source="executor",
-                    origin=raised_at(exc),
-                )
-                _report_tool_bug(state.error)
-
     # -- growing the conversation ---------------------------------------------------------------------
-    def _act_ids(self, action: str, act: Generation | None, calls: bool) -> tuple[list[int], list[float]]:
-        """The Act turn's ids and log-probs: the generation's own, or the text tokenized (log-probs 0) with the
-        end token the template closes such a turn with (the text may already end with it). Special-token strings
-        in the text stay plain text, except the ones the tool-call format writes calls with."""
-        if act is not None:
-            return list(act.completion_ids), list(act.logprobs)
-        text = action if isinstance(action, str) else ""
-        # An over-long action is rejected by the parser; only its head is kept in the chat, so the cost of
-        # recording it stays bounded whatever its length.
-        text = text[: self.config.limits.max_action_chars]
-        ids = self.chat.encode(self.chat.neutralize(text, keep=self.tool_format.act_tokens))
-        ids += self.chat.encode(self.chat.act_end(calls))
-        return ids, [0.0] * len(ids)
-
-    def _record_act(
-        self, ids: list[int], shown: str, logprobs: list[float], act: Generation | None, info: dict[str, Any]
-    ) -> None:
-        prompt = tuple(self.prompt_ids)
-        if act is not None:
-            self.rows.append(Row("act", prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
-        info["act"] = {
-            "prompt_ids": list(prompt),
-            "completion_ids": list(ids),
-            "logprobs": logprobs if act is not None else None,
-            "generated": act is not None,
-        }
-        self.append_ids(ids, shown, logprobs, trained=True)
-        self.transcript.turn_open = not ids or ids[-1] not in self.chat.stop_ids
-
     def append_ids(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
         self.transcript.append(ids, text, logprobs, trained)
 
     def append_text(self, text: str) -> None:
-        self.append_ids(self.encode(text), text, None, trained=False)
+        self.append_ids(self.chat.encode(text), text, None, trained=False)
 
     def close_turn(self, end: str) -> None:
         """An Act turn cut by the token budget still needs its end token (``end``) before anything follows; so does
@@ -462,7 +374,7 @@ class Episode:
         named = [
             {"type": "function", "function": {"name": self.chat.neutralize(c.name), "arguments": {}}} for c in calls
         ]
-        end, rest = self.chat.suffix(self._for_chat(messages), named)
+        end, rest = self.chat.suffix(self.chat.safe_messages(messages), named)
         if not self._fits(0, len(end) + len(rest)):  # (its tokens are counted once encoded, by _continue)
             self.overflowed = True
             return
@@ -483,49 +395,4 @@ class Episode:
         """The Act text of the task's reference turn for the current turn (:meth:`reference_action`), or
         :data:`NOTHING_MORE` once the reference solution has no turn left."""
         turns = self.task.reference
-        return self.reference_action(turns[self.turn]) if self.turn < len(turns) else NOTHING_MORE
-
-    def _for_chat(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Messages as the template renders them into the ids: :func:`render_for_model`, with special-token
-        strings in their text broken (:meth:`ChatFormat.neutralize`) so no content can open or close a turn."""
-        out = []
-        for m in render_for_model(messages):
-            m = {**m, "content": self.chat.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
-            out.append({**m, "name": self.chat.neutralize(m["name"])} if isinstance(m.get("name"), str) else m)
-        return out
-
-    # -- a turn undone ---------------------------------------------------------------------------------
-    def _checkpoint(self) -> tuple[Any, ...]:
-        """What a turn changes, as it was before the turn: the transcript's mark and the episode's counters."""
-        return (
-            self.transcript.mark(),
-            list(self.pending_user_turns),
-            self.user_turns,
-            self.turn,
-            self.steps,
-            self.errors,
-        )
-
-    def _abort(self, saved: tuple[Any, ...], exc: Exception) -> StepOutcome:
-        mark, self.pending_user_turns, self.user_turns, self.turn, self.steps, self.errors = saved
-        self.transcript.rollback(mark)
-        error = ToolError(
-            ErrorCode.ENVIRONMENT_ERROR,
-            f"the environment failed during this turn ({type(exc).__name__}: {exc}); the turn was undone"[:300],
-            {"exception": type(exc).__name__},
-            source="environment",
-        )
-        logger.warning("episode of %s ended: %s", self.task.id, error.message, exc_info=exc)
-        self.done, self.reward_result, self.termination_reason = True, RewardResult(None, {}), "environment_error"
-        info = {"tool_calls": [], "calls": [], "rehearsals": [], "error": error.to_dict(), "act": None}
-        return outcome(self, 0.0, False, True, info)
-
-_REPORTED: set[tuple[str, str | None]] = set()
-
-
-def _report_tool_bug(error: ToolError) -> None:
-    """A tool that raised is a bug in the domain's code: say where, once per place (the agent sees only the error)."""
-    key = (error.details.get("tool", ""), error.origin)
-    if key not in _REPORTED:
-        _REPORTED.add(key)
-        logger.warning("%s, raised at %s (reported once per place)", error.message, error.origin)
+        return self.reference_action(turns[self.transcript.turn]) if self.transcript.turn < len(turns) else NOTHING_MORE

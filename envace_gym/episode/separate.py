@@ -93,4 +93,4 @@ def rehearse_prompt(episode: Episode, call: ToolCall, action: str, user: bool = 
     for message in chat:  # reference data may hold unencodable text; the history and the Act turn are untrusted
         message["content"] = clean_text(message["content"])
     chat[1]["content"] = episode.chat.neutralize(chat[1]["content"])
-    return tuple(episode.encode(rehearsal_prompt(episode.tokenizer, chat, cfg)))
+    return tuple(episode.chat.encode(rehearsal_prompt(episode.tokenizer, chat, cfg)))

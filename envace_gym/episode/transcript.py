@@ -1,55 +1,54 @@
-"""An episode's transcript: everything it accumulates, in one object, so a turn can be undone and an episode forked.
+"""An episode's transcript: everything a turn changes, in one object, so a turn can be undone and an episode forked.
 
 The conversation is kept twice, as messages (what the reward and ``info["messages"]`` see) and as token ids that
 only grow (the next Act prompt): ``prompt_ids`` is the opening prompt, then ``ids``, everything after it, with the
 log-probability and the training mask of each (1 where the policy wrote the token). ``rows`` are the training rows of
 ``separate`` mode (and a rehearsed user's), ``records`` one per tool call, ``answers`` the agent's final answers, ``said``
-everything it wrote outside its calls (its answers and the prose of its call turns).
+everything it wrote outside its calls (its answers and the prose of its call turns). The counters say where the
+episode is: Act turns, user turns, messages as τ²-Bench counts its steps, tool errors.
 
-Everything here only grows during a turn, so :meth:`Transcript.mark` is a handful of lengths and
-:meth:`Transcript.rollback` cuts back to them: an episode whose turn fails undoes the whole turn.
+During a turn every list only grows and every other field is replaced, never changed in place, so
+:meth:`Transcript.mark` (each list's length, each other field's value) and :meth:`Transcript.rollback` follow from
+the fields themselves: an episode whose turn fails undoes the whole turn. :meth:`Transcript.fork` copies the
+conversation and starts the fields marked ``own`` (what the copy itself makes) empty.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..domains.trajectory import CallRecord
 from .types import Row
 
+Mark = dict[str, Any]  # a field's length (a list) or value (anything else): see Transcript.mark
 
-@dataclass(frozen=True)
-class Mark:
-    """Where a transcript stood (see :meth:`Transcript.mark`)."""
 
-    messages: int
-    prompt_ids: int
-    ids: int
-    rows: int
-    records: int
-    answers: int
-    said: int
-    prompt_text: str
-    turn_open: bool
+def _own() -> Any:
+    """A list a fork starts empty: what the copy itself makes."""
+    return field(default_factory=list, metadata={"own": True})
 
 
 @dataclass
 class Transcript:
-    """The conversation as messages and as ids, with what the policy wrote of it and what it made."""
+    """The conversation as messages and as ids, with what the policy wrote of it, what it made, and the counters."""
 
     messages: list[dict[str, Any]]
     prompt_ids: list[int]
     prompt_text: str
-    ids: list[int] = field(default_factory=list)  # everything after the opening prompt ...
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)  # ... and which of it the policy wrote (trained)
-    rows: list[Row] = field(default_factory=list)
-    records: list[CallRecord] = field(default_factory=list)
-    answers: list[str] = field(default_factory=list)
-    said: list[str] = field(default_factory=list)
+    ids: list[int] = _own()  # everything after the opening prompt ...
+    logprobs: list[float] = _own()
+    mask: list[int] = _own()  # ... and which of it the policy wrote (trained)
+    rows: list[Row] = _own()
+    records: list[CallRecord] = _own()
+    answers: list[str] = _own()
+    said: list[str] = _own()
     turn_open: bool = False  # the last Act turn was cut before its end token
+    turn: int = 0  # Act turns so far
+    user_turns: int = 1  # user turns so far: the opening one
+    steps: int = 1  # messages so far, as τ²-Bench counts its steps (max_messages): the user's first one
+    errors: int = 0  # tool errors so far (max_errors)
 
     def __post_init__(self) -> None:
         self.initial_prompt_ids = tuple(self.prompt_ids)
@@ -68,26 +67,29 @@ class Transcript:
         return Row("episode", self.initial_prompt_ids, tuple(self.ids), tuple(self.logprobs), tuple(self.mask))
 
     def mark(self) -> Mark:
-        return Mark(
-            len(self.messages), len(self.prompt_ids), len(self.ids), len(self.rows), len(self.records),
-            len(self.answers), len(self.said), self.prompt_text, self.turn_open,
-        )  # fmt: skip
+        """Where the transcript stands: each list's length, each other field's value."""
+        return {f.name: _where(getattr(self, f.name)) for f in fields(self)}
 
     def rollback(self, mark: Mark) -> None:
-        """Back to where :meth:`mark` stood: what was added since is dropped."""
-        del self.messages[mark.messages :], self.prompt_ids[mark.prompt_ids :], self.rows[mark.rows :]
-        del self.ids[mark.ids :], self.logprobs[mark.ids :], self.mask[mark.ids :]
-        del self.records[mark.records :], self.answers[mark.answers :], self.said[mark.said :]
-        self.prompt_text, self.turn_open = mark.prompt_text, mark.turn_open
+        """Back to where :meth:`mark` stood: what was added since is dropped, every other field restored."""
+        for name, at in mark.items():
+            value = getattr(self, name)
+            if isinstance(value, list):
+                del value[at:]
+            else:
+                setattr(self, name, at)
 
-    def fork(self) -> Transcript:
-        """A copy of the conversation so far that records only what happens after it: its own rows, records,
-        answers and ids start empty."""
-        twin = Transcript(
-            copy.deepcopy(self.messages), list(self.prompt_ids), self.prompt_text, turn_open=self.turn_open
-        )
-        twin.initial_prompt_ids = tuple(self.prompt_ids)
-        return twin
+    def fork(self, prompt: tuple[list[int], str] | None = None) -> Transcript:
+        """A copy of the conversation so far that records only what happens after it: the ``own`` fields start
+        empty, its row starts at the prompt so far, or at ``prompt`` (ids, text) when given."""
+        kept = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if not f.metadata.get("own")}
+        if prompt is not None:
+            kept["prompt_ids"], kept["prompt_text"] = list(prompt[0]), prompt[1]
+        return Transcript(**kept)
+
+
+def _where(value: Any) -> Any:
+    return len(value) if isinstance(value, list) else value
 
 
 __all__ = ["Mark", "Transcript"]

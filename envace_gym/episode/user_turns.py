@@ -19,6 +19,7 @@ from ..tools.schema import ToolRegistry
 from . import separate
 from .endings import bound_reached, continue_or_end, end_at_bound, finish, outcome
 from .responses import payload, tool_message
+from .routes import answer_without_model
 from .types import CallState, GenerationRequest, Row, StepOutcome
 from .users import UserReply, UserRequest, UserSimulator
 
@@ -35,14 +36,14 @@ def user_turn(
     stop marker (the end: the reward is scored), or a reply that cannot be used (the end, masked: not the agent's
     fault). A user with tools of its own may first call them, as often as it likes: each time the results go
     back to it (:func:`_user_tool_turn`) and it is asked again."""
-    if episode.max_user_turns is not None and episode.user_turns >= episode.max_user_turns:
+    if episode.max_user_turns is not None and episode.transcript.user_turns >= episode.max_user_turns:
         return finish(episode, info, "max_user_turns")
     while True:
         bound = bound_reached(episode)  # τ² checks its bounds before the user answers, too
         if bound is not None:
             return end_at_bound(episode, bound, info)
         (reply,) = yield [UserRequest(user, episode.task, tuple(episode.user_view), episode.user_tools)]
-        episode.steps += 1
+        episode.transcript.steps += 1
         info["user"] = _user_info(reply)
         keep_user_row(episode, reply)
         if reply.error is not None:
@@ -55,7 +56,7 @@ def user_turn(
         return end_at_bound(episode, bound, info) if bound is not None else finish(episode, info, "user_stop")
     episode.add_messages([{"role": "user", "content": reply.text}])
     episode.user_view.append({"role": "user", "content": reply.text})
-    episode.user_turns += 1
+    episode.transcript.user_turns += 1
     return continue_or_end(episode, info)
 
 
@@ -75,27 +76,25 @@ def _user_tool_turn(
     tools, then routed (the real executor's user side, or the Rehearse role: under ``executor="rehearsal"``
     the policy rehearses the user's tools too). The calls and their results join the user's view only; a
     refused or failed call counts as a tool error (``max_errors``), as in τ²."""
-    calls = [replace(c, id=f"user_call_{episode.steps}_{i}") for i, c in enumerate(reply.calls)]
+    calls = [replace(c, id=f"user_call_{episode.transcript.steps}_{i}") for i, c in enumerate(reply.calls)]
     states = [CallState(call) for call in calls]
     registry = episode.user_registry or ToolRegistry()  # a user offered no tools has none to call
     with episode.budget:
         for state in states:
             state.error = registry.validate(state.call).error
-    episode.steps += 1  # the tool responses: one message, as τ² counts them
+    episode.transcript.steps += 1  # the tool responses: one message, as τ² counts them
     failures = getattr(episode.executor, "failures", 0)
     for state in states:
         if state.error is None:
-            episode.answer_without_model(state, user=True)
-    episode.errors += getattr(episode.executor, "failures", 0) - failures
+            answer_without_model(episode, state, user=True)
+    episode.transcript.errors += getattr(episode.executor, "failures", 0) - failures
     pending = [s for s in states if s.route == "rehearsal"]
     if pending:
         text = "The user's own call(s) on their side: " + json.dumps([c.to_json() for c in calls])
         yield from separate.rehearse(episode, pending, text, info, user=True)
-    episode.errors += sum(s.error is not None for s in states)
-    records = [
-        CallRecord(episode.turn, s.call, s.route, s.response, s.error, episode.user_turns, requestor="user")
-        for s in states
-    ]
+    episode.transcript.errors += sum(s.error is not None for s in states)
+    t = episode.transcript
+    records = [CallRecord(t.turn, s.call, s.route, s.response, s.error, t.user_turns, requestor="user") for s in states]
     episode.records.extend(records)
     info.setdefault("user_calls", []).extend(r.to_dict() for r in records)
     episode.user_view.append({"role": "user", "content": reply.text, "tool_calls": [c.to_openai() for c in calls]})

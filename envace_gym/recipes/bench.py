@@ -191,7 +191,7 @@ def _turn_costs(policy: Any, episodes: int, turns: int, act_tokens: int, reuse_k
         if not live:
             break
         start = time.perf_counter()
-        driver.play_turn(live, params)
+        driver.play(live, driver.act(live, params))
         costs.append(time.perf_counter() - start)
     return costs
 

@@ -49,9 +49,9 @@ def _peak_rss_mib() -> float:
 def _sft_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
+    from ..integrations.trl.packed_sft_trainer import TaskGroupedSampler, run_sft
     from ..policy.factory import make_policy
     from ..training.memory import return_freed_memory
-    from ..integrations.trl.packed_sft_trainer import TaskGroupedSampler, run_sft
     from ..training.sft import sft_dataset
 
     torch.manual_seed(0)

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..episode.driver import EpisodeDriver
 from ..episode.episode import Episode
+from ..episode.fork import fork, prompt_with_note
 from ..policy.protocol import Generation, Policy, SamplingParams
 from ..rehearsal.prompt import RehearsalConfig
 from ..text import shorten
@@ -125,8 +126,8 @@ class RehearsalPlanner:
             forks = [self._fork(episodes[i], memory, rng) for i, memory in starts]
             first_turns = self._imagine(forks, driver)
             assessments = self._assess(forks, driver)
-            for (i, _), fork, first, assessment in zip(starts, forks, first_turns, assessments, strict=True):
-                notes[i].append(self._summary(fork, assessment, len(notes[i]) + 1))
+            for (i, _), imagined, first, assessment in zip(starts, forks, first_turns, assessments, strict=True):
+                notes[i].append(self._summary(imagined, assessment, len(notes[i]) + 1))
                 if kept[i] is None and verdict(assessment) == "keep":
                     kept[i] = first
         self.last_memories = [self._memory(n) for n in notes]
@@ -137,7 +138,7 @@ class RehearsalPlanner:
             for i, gen in zip(plain, gens, strict=True):
                 kept[i] = gen
             return kept  # type: ignore[return-value]  # every slot is filled now
-        prompts = [e.prompt_with_note(m)[0] for e, m in zip(episodes, self.last_memories, strict=True)]
+        prompts = [prompt_with_note(e, m)[0] for e, m in zip(episodes, self.last_memories, strict=True)]
         # The memory changes the prompt's middle, so these prompts continue no cached conversation; the session
         # still encodes the part they share with the forks (system prompt, tools, the conversation so far) once.
         return driver.generate(prompts, self.act_sampling)
@@ -154,7 +155,7 @@ class RehearsalPlanner:
                 max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature, include_reference=False
             ),
         )
-        return episode.fork(config, np.random.default_rng(int(rng.integers(2**31))), note=memory or None)
+        return fork(episode, config, np.random.default_rng(int(rng.integers(2**31))), note=memory or None)
 
     def _imagine(self, forks: list[Episode], driver: EpisodeDriver) -> list[Generation]:
         """Play the forks to their end; returns each fork's first Act turn."""
@@ -173,12 +174,12 @@ class RehearsalPlanner:
 
     def _assess(self, forks: list[Episode], driver: EpisodeDriver) -> list[str]:
         prompts = []
-        for fork in forks:
+        for imagined in forks:
             chat = [
                 {"role": "system", "content": ASSESS_SYSTEM},
-                {"role": "user", "content": fork.chat.neutralize(_transcript(fork))},
+                {"role": "user", "content": imagined.chat.neutralize(_transcript(imagined))},
             ]
-            prompts.append(fork.chat.encode(fork.chat.render(chat)))
+            prompts.append(imagined.chat.encode(imagined.chat.render(chat)))
         params = SamplingParams(max_new_tokens=self.config.assessment_tokens, temperature=self.config.temperature)
         gens = driver.generate(prompts, params)
         self.stats["rehearsal_tokens"] += sum(len(g.completion_ids) for g in gens)

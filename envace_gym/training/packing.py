@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,6 +41,21 @@ logger = logging.getLogger(__name__)
 
 LOGIT_CHUNK = 1024  # positions per chunk of full-vocabulary logits in the log-softmax
 DEFAULT_PACK_TOKENS = 4096  # positions per packed forward: bounds the activations (and the N x N mask) of one pack
+
+
+@dataclass
+class PackingSettings:
+    """The shared-prefix forward's two settings, for a TRL config to inherit (``PackedSFTConfig``,
+    ``PackedGRPOConfig``; as ``envace train --shared_prefix --pack_tokens``)."""
+
+    shared_prefix: bool = field(
+        default=True,
+        metadata={"help": "Encode the prefix that rows share once (exact; see envace_gym.training.packing)."},
+    )
+    pack_tokens: int = field(
+        default=DEFAULT_PACK_TOKENS,
+        metadata={"help": "Positions per packed forward; more packs than one are recomputed in the backward."},
+    )
 _MASKABLE = ("sdpa", "eager")  # attention implementations that take a custom 4-D mask as is
 
 
@@ -451,8 +466,8 @@ def _packed_scores(
             flat = _tree_flat(model, tree, temperature)
         for k, i in enumerate(pack):
             index = torch.as_tensor(tree.row_scores[k], device=flat[0].device)
-            for field in range(3):
-                out[field][i] = flat[field][index]
+            for column in range(3):
+                out[column][i] = flat[column][index]
     return Scores(*out)
 
 
@@ -521,6 +536,7 @@ def completion_logprobs(
 
 
 __all__ = [
+    "PackingSettings",
     "DEFAULT_PACK_TOKENS",
     "PrefixTree",
     "Scores",

@@ -28,8 +28,9 @@ from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..domains.task import Task
 from ..episode.chat import ChatFormat
-from ..episode.driver import EpisodeDriver
 from ..episode.config import EpisodeConfig
+from ..episode.driver import EpisodeDriver
+from ..episode.episode import Episode
 from ..episode.separate import rehearse_prompt
 from ..episode.start import start_episodes
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
@@ -65,29 +66,35 @@ def sft_rows(
     # recorded results do, every reference call being a cache hit.
     config = EpisodeConfig.build(executor="real" if _has_executor(dom) else "cached", rehearsal=rehearsal)
     rehearsal = config.rehearsal
-    replay = EpisodeDriver.without_policy(_REPLAY_GENERATES)
     chat = ChatFormat.of(tokenizer)
-    rows: list[dict[str, Any]] = []
-    too_long: list[str] = []
+    playable = []
     for task in tasks:
         task = task if isinstance(task, Task) else dom.task(task)
         if config.executor == "cached" and any(r is None for turn in task.reference for r in turn.results):
             logger.warning("sft: task %s skipped: a reference call has no recorded result to replay", task.id)
             continue
-        begun = start_episodes(
-            dom, [task], config, tokenizer, max_context=max_length or 8192, rng=lambda g, k: np.random.default_rng(0),
-            act_reserve=0,  # text turns: nothing reserved
-        )  # fmt: skip
-        if begun.skipped:
-            too_long += begun.skipped
-            continue
-        (episode,) = begun.episodes
-        for turn in task.reference:
+        playable.append(task)
+    begun = start_episodes(
+        dom, playable, config, tokenizer, max_context=max_length or 8192, rng=lambda g, k: np.random.default_rng(0),
+        act_reserve=0,  # text turns: nothing reserved
+    )  # fmt: skip
+    too_long = begun.skipped
+    made: list[list[dict[str, Any]]] = [[] for _ in begun.episodes]  # each episode's rows (its key is its index)
+
+    def reference_turns(playing: Sequence[Episode]) -> list[str]:
+        """Each episode's next reference turn, its rows made from the prompt it is played on; past the reference
+        solution, :data:`~envace_gym.episode.episode.NOTHING_MORE` (no rows) until the episode ends."""
+        actions = []
+        for episode in playing:
+            if episode.turn >= len(episode.task.reference):
+                actions.append(episode.reference_act())
+                continue
+            turn = episode.task.reference[episode.turn]
             action = episode.reference_action(turn)  # the model family's own call syntax
+            rows, task_id = made[episode.key], episode.task.id  # type: ignore[index]
             if "act" in roles:  # the row, as the episode tokenizes the text turn, through the turn's end token
-                rows.append(
-                    _row(episode.prompt_ids, chat.encode(action + chat.act_end(bool(turn.calls))), "act", task.id)
-                )
+                ids = chat.encode(action + chat.act_end(bool(turn.calls)))
+                rows.append(_row(episode.prompt_ids, ids, "act", task_id))
             if "rehearse" in roles:
                 for call, result in zip(turn.calls, turn.results, strict=True):
                     if result is None:  # no recorded result to teach (benchmarks that only judge calls)
@@ -96,10 +103,12 @@ def sft_rows(
                     if not rehearsal.prefill:
                         answer = f"{RESULT_OPEN}\n{answer}"
                     prompt = rehearse_prompt(episode, call, action)
-                    rows.append(_row(prompt, chat.encode(answer + chat.act_end(False)), "rehearse", task.id))
-            (outcome,) = replay.play([episode], [action])
-            if outcome.terminated or outcome.truncated:
-                break
+                    rows.append(_row(prompt, chat.encode(answer + chat.act_end(False)), "rehearse", task_id))
+            actions.append(action)
+        return actions
+
+    EpisodeDriver.without_policy(_REPLAY_GENERATES).run(begun.episodes, reference_turns)
+    rows = [row for rows_of_one in made for row in rows_of_one]
     if too_long:
         logger.warning("sft: %d task(s) skipped, their opening prompt too long to play: %s", len(too_long), too_long)
     if max_length is not None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from ...episode.config import EpisodeSettings
 from ...errors import TrainingConfigError
 from .colocated_vllm import refuse_vllm_settings
-from .refusals import UNUSED_BY_ENVACE_TRAINER, refuse_sharded, refuse_unused
 from .packed_grpo_config import PackedGRPOConfig
+from .refusals import UNUSED_BY_ENVACE_TRAINER, refuse_sharded, refuse_unused
 
 
 @dataclass

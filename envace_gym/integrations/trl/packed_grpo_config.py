@@ -8,11 +8,11 @@ import torch
 from trl import GRPOConfig
 
 from ...policy.precision import resolve_dtype
-from ...training.packing import DEFAULT_PACK_TOKENS
+from ...training.packing import PackingSettings
 
 
 @dataclass
-class PackedGRPOConfig(GRPOConfig):
+class PackedGRPOConfig(GRPOConfig, PackingSettings):
     """``GRPOConfig`` with the shared-prefix forward's two settings (read by :class:`SharedPrefixMixin`), and two
     defaults of its own: ``bf16`` unset means bfloat16 only where the hardware has it natively
     (:func:`envace_gym.policy.precision.resolve_dtype`; TRL's default is ``True``, which on a CPU without native
@@ -22,16 +22,6 @@ class PackedGRPOConfig(GRPOConfig):
     # Parameters whose default values are overridden from GRPOConfig
     gradient_checkpointing: bool | None = field(
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing (default: off)."}
-    )
-
-    # Parameters that control the shared-prefix forward (as `envace train --shared_prefix --pack_tokens`)
-    shared_prefix: bool = field(
-        default=True,
-        metadata={"help": "Encode the prefix that rows share once (exact; see envace_gym.training.packing)."},
-    )
-    pack_tokens: int = field(
-        default=DEFAULT_PACK_TOKENS,
-        metadata={"help": "Positions per packed forward; more packs than one are recomputed in the backward."},
     )
 
     def __post_init__(self) -> None:
