@@ -34,7 +34,7 @@ def _own() -> Any:
 class Transcript:
     """The conversation as messages and as ids, with what the policy wrote of it, what it made, and the counters."""
 
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]] = field(metadata={"deep": True})  # dicts: a fork copies them whole
     prompt_ids: list[int]
     prompt_text: str
     ids: list[int] = _own()  # everything after the opening prompt ...
@@ -82,7 +82,9 @@ class Transcript:
     def fork(self, prompt: tuple[list[int], str] | None = None) -> Transcript:
         """A copy of the conversation so far that records only what happens after it: the ``own`` fields start
         empty, its row starts at the prompt so far, or at ``prompt`` (ids, text) when given."""
-        kept = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if not f.metadata.get("own")}
+        copied = {True: copy.deepcopy, False: copy.copy}  # ids and the rest: a shallow copy is a copy
+        kept = {f.name: copied[bool(f.metadata.get("deep"))](getattr(self, f.name)) for f in fields(self)
+                if not f.metadata.get("own")}  # fmt: skip
         if prompt is not None:
             kept["prompt_ids"], kept["prompt_text"] = list(prompt[0]), prompt[1]
         return Transcript(**kept)
