@@ -209,6 +209,39 @@ def test_experiment_refuses_a_run_it_cannot_finish_or_would_mix_before_loading_a
     with pytest.raises(EnvACEError, match=r"other settings \(eval_tasks: 2 then, 3 now\)"):
         run_experiment(ExperimentConfig(**{**base, "eval_tasks": 3}))
     run_experiment(ExperimentConfig(**{**base, "seeds": [0, 1], "threads": 1}), log=lambda *a: None)  # not measured
+    # one domain by its registered id: a folder written with a bare name resumes under the versioned id
+    assert json.loads((out / "settings.json").read_text())["domain"] == "lights:easy-v0"
+    (out / "settings.json").write_text((out / "settings.json").read_text().replace("lights:easy-v0", "lights:easy"))
+    run_experiment(ExperimentConfig(**{**base, "domain": "lights:easy-v0"}), log=lambda *a: None)
+    (out / "settings.json").write_text((out / "settings.json").read_text().replace("lights:easy-v0", "lights"))
+    with pytest.raises(EnvACEError, match=r"other settings \(domain: 'lights-v0' then, 'lights:easy-v0' now\)"):
+        run_experiment(ExperimentConfig(**base))  # another domain ("lights" is the whole family's latest)
+
+
+@pytest.mark.default_model
+def test_the_documented_study_command_regenerates_its_committed_json(tmp_path, monkeypatch):
+    """docs/results.md's study command, run over the committed stage records (all finished: no stage runs, only
+    the default model's tokenizer is read for the token budget), writes the committed experiment json."""
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    from envace_gym.cli.main import _parse_settings
+    from envace_gym.recipes.experiment import run_experiment
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    command = next(line for line in (docs / "results.md").read_text().splitlines()
+                   if line.startswith("envace experiment ") and "--output_dir runs/study-units " in line)  # fmt: skip
+    shutil.copytree(docs / "results" / "study-units-135m", tmp_path / "runs" / "study-units")
+    monkeypatch.chdir(tmp_path)
+    config = _parse_settings(ExperimentConfig, "envace experiment", shlex.split(command)[2:])
+    run_experiment(config, log=lambda *a: None)
+    written = json.loads((tmp_path / "runs" / "study-units" / "experiment.json").read_text())
+    committed = json.loads((docs / "results" / "experiment-units-135m.json").read_text())
+    assert len(written["records"]) == 12  # 3 seeds x 4 conditions
+    for key in ("command", "config", "dtype", "backend", "max_new_tokens", "records"):
+        assert written[key] == committed[key], key
+    assert (tmp_path / "runs" / "study-units" / "curve-units.png").is_file()
 
 
 def test_token_budget_fits_every_reference_turn_and_result(tmp_path):

@@ -99,6 +99,16 @@ def find_spec(domain_id: str) -> tuple[DomainSpec, str | None] | None:
     return None
 
 
+def registered_id(domain_id: str) -> str | None:
+    """The registered id ``domain_id`` names (``"units"`` → ``"units-v0"``, ``"lights:easy"`` →
+    ``"lights:easy-v0"``), or ``None`` when it names no registered domain (a folder, a file, a reference)."""
+    found = find_spec(domain_id)
+    if found is None:
+        return None
+    spec, member = found
+    return versioned(f"{spec.name}:{member}", spec.version) if member else spec.id
+
+
 def _did_you_mean(domain_id: str) -> str:
     """``" did you mean 'bank'?"`` when a registered name is close to ``domain_id`` (a typo), else ``""``.
     For ``"family:member"`` the family is matched and the member kept (``"bfc:parallel"`` → ``"bfcl:parallel"``);

@@ -371,11 +371,16 @@ _NOT_MEASURED = (
 
 def _check_settings(config: ExperimentConfig, out: Path) -> None:
     """Keep the folder's settings in ``settings.json``; refuse to resume it with settings that change results."""
+    from ..domains.registry import registered_id
+
     now = {k: v for k, v in asdict(config).items() if k not in _NOT_MEASURED}
+    # a domain by its registered id: "units" and "units-v0" are one domain (folders written before ids had versions)
+    now["domain"] = registered_id(config.domain) or config.domain
     file = out / "settings.json"
     if file.is_file():
         # a setting added since the folder was written ran at its default then
         before = {**{f.name: f.default for f in fields(ExperimentConfig) if f.name in now}, **json.loads(file.read_text())}
+        before["domain"] = registered_id(str(before["domain"])) or before["domain"]
         changed = sorted(k for k in now.keys() | before.keys() if before.get(k) != now.get(k))
         if changed:
             what = ", ".join(f"{k}: {before.get(k)!r} then, {now.get(k)!r} now" for k in changed)
