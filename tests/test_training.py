@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -310,7 +312,7 @@ def test_rollout_func_masks_the_tokens_of_a_masked_episode(tmp_path, monkeypatch
     batch = crafted_batch(policy, ids)
     batch.episodes[0].reward = None
     monkeypatch.setattr(rollout_module, "collect_rollouts", lambda *a, **k: batch)
-    monkeypatch.setattr(rollout_module, "trainer_policy", lambda trainer: policy)
+    monkeypatch.setattr(rollout_module, "rollout_weights", lambda trainer: contextlib.nullcontext(policy))
     out = envace_trl.make_rollout_func("units")(ids, SimpleNamespace(args=one_step_grpo_args(tmp_path, batch_size=2)))
     assert out["episode_reward"] == [None, 1.0]
     row = batch.episodes[1].episode_row
@@ -356,10 +358,10 @@ def test_vllm_server_mode_is_refused_by_name_before_any_engine_or_rollout(tiny_p
     rollout_func = envace_trl.make_rollout_func("units")
     with pytest.raises(ValueError, match="make_rollout_func's rollouts generates with vLLM in vllm_mode='colocate'"):
         rollout_func(["units/train/000"], SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="server")))
-    for setting, says in (({"vllm_tensor_parallel_size": 2}, "cannot shard a colocated engine"),
-                          ({"vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode=True is not supported")):  # fmt: skip
-        with pytest.raises(ValueError, match=says):
-            envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", use_vllm=True, **setting, **CPU)
+    with pytest.raises(ValueError, match="cannot shard a colocated engine"):
+        envace_trl.EnvACEGRPOConfig(
+            output_dir=str(tmp_path), domain="units", use_vllm=True, vllm_tensor_parallel_size=2, **CPU
+        )
 
 
 @pytest.mark.parametrize(
@@ -616,23 +618,81 @@ def test_evaluate_runs_trials_per_task_and_reports_pass_k(monkeypatch):
 
 
 @pytest.mark.parametrize("sharding", ["zero3", "fsdp"])
-def test_sharded_parameters_are_refused_before_any_rollout(sharding, tmp_path, monkeypatch):
-    """ZeRO-3 cannot run on this CPU machine: the refusal is checked on settings that ask for it (and for
-    FSDP); test_train_cli runs the real `accelerate launch --use_fsdp` as far as CPU allows."""
+def test_sharded_parameters_are_refused_only_where_rollouts_would_gather_per_forward(sharding, tmp_path, monkeypatch):
+    """Accelerate sets up neither ZeRO-3 nor FSDP on a CPU: the rule is checked on settings that ask for them.
+    With vLLM (TRL gathers the shards once per step into the engine) both are taken; without it, ZeRO-3 is taken
+    with ds3_gather_for_generation (gathered once per rollout batch) and FSDP is refused, with what to use."""
     from types import SimpleNamespace
 
     args = one_step_grpo_args(tmp_path, batch_size=2)
-    name = "DeepSpeed ZeRO-3" if sharding == "zero3" else "FSDP"
     monkeypatch.setattr(args, "deepspeed_plugin", SimpleNamespace(zero_stage=3) if sharding == "zero3" else None)
     if sharding == "fsdp":
         monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what accelerate launch --use_fsdp sets
-    with pytest.raises(TrainingConfigError, match=f"cannot generate from sharded parameters \\({name}\\)"):
+    assert refusals.sharding(args) == ("DeepSpeed ZeRO-3" if sharding == "zero3" else "FSDP")
+    monkeypatch.setattr(args, "use_vllm", True)
+    refusals.refuse_sharded(args, "EnvACEGRPOTrainer")  # the engine generates: never the sharded model
+    monkeypatch.setattr(args, "use_vllm", False)
+    if sharding == "zero3":
+        refusals.refuse_sharded(args, "EnvACEGRPOTrainer")  # gathered once for the batch
+        monkeypatch.setattr(args, "ds3_gather_for_generation", False)
+    refused = "FSDP" if sharding == "fsdp" else "DeepSpeed ZeRO-3 with ds3_gather_for_generation=False"
+    with pytest.raises(TrainingConfigError, match=f"sharded parameters \\({refused}\\) without vLLM.*use_vllm=True"):
         envace_trl.make_rollout_func("units")(["units/train/000"], SimpleNamespace(args=args))
-    with pytest.raises(TrainingConfigError, match=name):
+    with pytest.raises(TrainingConfigError, match="ds3_gather_for_generation=True"):
         refusals.refuse_sharded(args, "EnvACEGRPOTrainer")
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     monkeypatch.setattr(args, "deepspeed_plugin", SimpleNamespace(zero_stage=2))
     refusals.refuse_sharded(args, "EnvACEGRPOTrainer")  # ZeRO-2 keeps whole parameters on every rank
+
+
+def test_rollouts_gather_once_without_vllm_and_wake_a_sleeping_engine_once_with_it(monkeypatch):
+    """One batch of rollouts (every generation of a step) runs inside one gather (TRL's
+    unwrap_model_for_generation, with ZeRO-3's gathering on) or, with a sleeping colocated engine, between one
+    wake and one sleep, the weights loaded first when the engine slept with them discarded (as TRL does)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import trl.models
+
+    from envace_gym.integrations.trl import trainer_policy as tp
+
+    calls: list[Any] = []
+    monkeypatch.setattr(tp, "trainer_policy", lambda trainer: calls.append("policy") or "the policy")
+
+    @contextlib.contextmanager
+    def unwrap(model, accelerator, gather_deepspeed3_params=True, **kwargs):
+        calls.append(("gather", model, gather_deepspeed3_params))
+        yield model
+        calls.append("release")
+
+    monkeypatch.setattr(trl.models, "unwrap_model_for_generation", unwrap)
+    args = SimpleNamespace(use_vllm=False, ds3_gather_for_generation=True)
+    trainer = SimpleNamespace(args=args, model_wrapped="m", accelerator=None)
+    with tp.rollout_weights(trainer) as policy:
+        calls.append(f"rollouts with {policy}")
+    assert calls == [("gather", "m", True), "policy", "rollouts with the policy", "release"]
+
+    calls.clear()
+    llm = SimpleNamespace(wake_up=lambda tags: calls.append(("wake", tuple(tags))),
+                          sleep=lambda level: calls.append(("sleep", level)))  # fmt: skip
+    generation = SimpleNamespace(llm=llm, _llm_weights_sleeping=True, sync_weights=lambda: calls.append("load"))
+    args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True)
+    trainer = SimpleNamespace(args=args, vllm_generation=generation)
+    with pytest.raises(RuntimeError, match="a rollout failed"), tp.rollout_weights(trainer):
+        calls.append("rollouts")
+        raise RuntimeError("a rollout failed")  # the engine still goes back to sleep
+    assert calls == ["load", ("wake", ("kv_cache",)), "policy", "rollouts", ("sleep", 2)]
+    assert generation._llm_weights_sleeping
+    calls.clear()
+    generation._llm_weights_sleeping = False  # loaded this step already (the step's sync_weights)
+    with tp.rollout_weights(trainer):
+        calls.append("rollouts")
+    assert calls == [("wake", ("kv_cache",)), "policy", "rollouts", ("sleep", 2)]
+    calls.clear()
+    args.vllm_enable_sleep_mode = False
+    with tp.rollout_weights(trainer):
+        calls.append("rollouts")
+    assert calls == ["policy", "rollouts"]
 
 
 def test_duplicate_task_rows_make_separate_groups_and_trl_metrics_are_kept(tiny_path, tmp_path, monkeypatch):

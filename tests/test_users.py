@@ -336,11 +336,11 @@ def test_trls_envace_trainer_trains_the_users_rows_with_their_own_advantages(tmp
 
     from envace_gym.domains.registry import register_domain
     from envace_gym.integrations import trl as envace_trl
-    from envace_gym.integrations.trl import envace_grpo_trainer
+    from envace_gym.integrations.trl import trainer_policy
 
     register_domain("travel-last-answer", _judged_travel, overwrite=True)
     call = _reference_call()
-    monkeypatch.setattr(envace_grpo_trainer, "trainer_policy", lambda trainer: _two_episodes_policy(call))
+    monkeypatch.setattr(trainer_policy, "trainer_policy", lambda trainer: _two_episodes_policy(call))
     path = tmp_path / "tiny"
     policy = tiny_policy(seed=4)
     policy.model.save_pretrained(path)

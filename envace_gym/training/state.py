@@ -16,8 +16,12 @@ def save_state(
     path: str | Path, model: Any, optimizer: torch.optim.Optimizer, rng: np.random.Generator, history: list[Any]
 ) -> None:
     """Write the state; a run killed mid-save keeps the previous file (written aside, then renamed)."""
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state,
-             "history": history}  # fmt: skip
+    write_state(path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                       "rng": rng.bit_generator.state, "history": history})  # fmt: skip
+
+
+def write_state(path: str | Path, state: dict[str, Any]) -> None:
+    """Write a state dict as :func:`save_state` does: aside, then renamed over the previous file."""
     torch.save(state, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 

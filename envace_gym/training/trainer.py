@@ -15,6 +15,8 @@ Read it top to bottom against docs/method.md ("Reward and objective"):
    once, with the same values as a per-row forward.
 
 It needs nothing but torch and the collector, which is the point: any RL loop can drive the environment.
+Launched with ``torchrun`` it trains past one device on torch's FSDP2 (:mod:`envace_gym.training.sharding`):
+each rank plays its share of the tasks, the advantages and the token-mean are the global batch's.
 For TRL's trainers see :mod:`envace_gym.integrations.trl`.
 """
 
@@ -39,7 +41,7 @@ from ..policy.protocol import Policy
 from ..policy.transformers import TransformersPolicy
 from ..rehearsal.prompt import rollout_sampling
 from ..rollout.collector import RolloutBatch, Sample, collect_rollouts
-from . import metrics
+from . import metrics, sharding
 from .advantages import rolewise_advantages
 from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
 from .state import load_state, save_state
@@ -237,6 +239,10 @@ def train(
 ) -> list[dict[str, Any]]:
     """Train ``policy.model`` in place; returns one metrics dict per step (also passed to ``log``).
 
+    Under ``torchrun`` (several processes) the trained copy is sharded by FSDP2 and ``policy.model``, whole on
+    every rank, is loaded from its shards after every step (see :mod:`~envace_gym.training.sharding`); every rank
+    calls ``train`` with the same config, the metrics are the global batch's, and rank 0 writes the checkpoint.
+
     ``checkpoint``: a file that holds the training state (weights, optimizer, random state, history) every
     ``checkpoint_every`` steps and at the end; when it exists, training resumes from it. ``on_checkpoint(step)``
     runs just before each save (an evaluation for a learning curve, say). ``simulator``: the frozen simulator of
@@ -250,14 +256,26 @@ def train(
     model, domain = policy.model, make_domain(config.domain)
     tasks = domain.tasks("train")
     tasks = tasks if config.train_tasks is None else tasks[: config.train_tasks]  # (a slice builds every task)
-    rng = np.random.default_rng(config.seed)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
+    rng = np.random.default_rng(config.seed)  # the same draws on every rank: the tasks of a step, their seeds
+    rank, world = sharding.join_process_group(_device(model)) if sharding.launched_distributed() else (0, 1)
+    if world > 1 and config.refill_zero_std:
+        raise ValueError("refill_zero_std is not implemented under torchrun (each rank would refill its own groups); "
+                         "set it to 0 there")  # fmt: skip
+    # Past one device the trained copy is sharded (FSDP2); `model` stays whole, for the rollouts.
+    trained = sharding.shard(model) if world > 1 else model
+    optimizer = torch.optim.AdamW([p for p in trained.parameters() if p.requires_grad], lr=config.learning_rate)
     reference = copy.deepcopy(model).eval().requires_grad_(False) if config.beta > 0 else None
+    if reference is not None and world > 1:
+        reference = sharding.shard(reference)  # its forwards gather layers like the trained copy's
     if simulator is not None and not config.frozen_simulator:
         raise ValueError("a simulator is given but config.frozen_simulator is False: the policy would rehearse")
     if config.frozen_simulator and simulator is None:  # rehearsals by the starting weights, never updated
         simulator = TransformersPolicy(copy.deepcopy(model).eval().requires_grad_(False), policy.tokenizer)
-    history: list[dict[str, Any]] = load_state(checkpoint, model, optimizer, rng)
+    if world > 1:
+        history: list[dict[str, Any]] = sharding.load_sharded_state(checkpoint, trained, optimizer, rng)
+        sharding.load_whole(model, trained)
+    else:
+        history = load_state(checkpoint, model, optimizer, rng)
     sampling, rehearsal = rollout_sampling(config.max_new_tokens, config.temperature)
     episodes = config.episode_config(act_sampling=sampling, rehearsal=rehearsal)
     # Rollouts sample in the dtype the loss recomputes in, so the recorded log-probs are the "old" ones.
@@ -271,10 +289,11 @@ def train(
         # 1. Roll out: G episodes per task; the policy acts and rehearses with the same weights.
         model.eval()
 
-        def roll_out(count: int) -> RolloutBatch:
+        def roll_out(count: int) -> RolloutBatch:  # this rank's share of the step's tasks
             chosen = [tasks[int(i)] for i in rng.choice(len(tasks), size=count, replace=False)]
+            seed = int(rng.integers(2**31)) + rank
             return collect_rollouts(
-                actor, domain, chosen, config.group_size, episodes, seed=int(rng.integers(2**31)), simulator=simulator
+                actor, domain, chosen[rank::world], config.group_size, episodes, seed=seed, simulator=simulator
             )
 
         batch = roll_out(config.tasks_per_step)
@@ -292,49 +311,61 @@ def train(
         trained_roles = ("act", "episode", "user") if simulator is not None else ("act", "rehearse", "episode", "user")
         samples = [s for s in batch.samples(trained_roles) if any(s.mask)]
 
-        # 2. Role-wise advantages: A = R - mean(R of the same role in the same group), no std division.
-        advantages = rolewise_advantages(
-            [s.group for s in samples], [s.role for s in samples], [s.reward for s in samples]
-        )
-        trained_tokens = sum(sum(s.mask) for s in samples if s.reward is not None)
+        # 2. Role-wise advantages: A = R - mean(R of the same role in the same group), no std division, over the
+        #    global batch (a group is a rank's: (rank, group)).
+        ranks = _everyone(world, [(s.group, s.role, s.reward) for s in samples])
+        every = [((r, group), role, reward) for r, part in enumerate(ranks) for group, role, reward in part]
+        advantages = rolewise_advantages(*(list(column) for column in zip(*every, strict=True)) if every else ([], [], []))
+        mine = sum(len(part) for part in ranks[:rank])
+        advantages = advantages[mine : mine + len(samples)]
+        trained_tokens = sum(_everyone(world, sum(sum(s.mask) for s in samples if s.reward is not None)))
 
         # 3. One gradient step on the clipped objective, token-mean over the batch (masked episodes skipped).
         #    Micro-batches share their rows' common prefixes (packing); their losses add up to the token-mean.
-        model.train()
+        #    Every rank runs as many passes as the busiest (FSDP's collectives match); an idle pass trains nothing.
+        trained.train()
         optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "clipped": 0.0, "kl": 0.0}
         pairs = [(s, a) for s, a in zip(samples, advantages, strict=True) if s.reward is not None]
-        for micro in _micro_batches(model, pairs, config):
+        micros = _micro_batches(trained, pairs, config)
+        for k in range(sharding.global_max(len(micros)) if world > 1 else len(micros)):
+            micro = micros[k] if k < len(micros) else [(_IDLE_ROW, 0.0)]
             loss, stats = grpo_loss(
-                model, [s for s, _ in micro], [a for _, a in micro], config, trained_tokens, reference
+                trained, [s for s, _ in micro], [a for _, a in micro], config, trained_tokens, reference
             )
-            loss.backward()
+            (loss * world).backward()  # FSDP2 averages gradients over the ranks: their sum is the token-mean's
             totals = {k: totals[k] + stats[k] for k in totals}
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+        grad_norm = _as_float(torch.nn.utils.clip_grad_norm_(trained.parameters(), config.max_grad_norm))
         optimizer.step()
-        model.eval()
+        trained.eval()
+        if world > 1:
+            sharding.load_whole(model, trained)  # the next rollouts' weights, gathered once
         if engine is not None:  # the next rollouts (and an evaluation at this checkpoint) use the new weights
             engine.load_weights(model.named_parameters())
 
-        rewards = [e.reward for e in batch.episodes if e.reward is not None]
-        real_calls = sum(c["route"] == "real" for e in batch.episodes for c in e.calls)
+        # The global batch's figures: every rank's episodes, and its counts summed.
+        played_eps = [ep for part in _everyone(world, [_EpisodeTally.of(e) for e in batch.episodes]) for ep in part]
+        rows = [sum(s.role == role for s in samples) for role in metrics.ROLES]
+        counts = [sum(c) for c in zip(*_everyone(world, (zero_std, played, skipped, *totals.values(), *rows)), strict=True)]
+        zero_std, played, skipped, loss_sum, clipped, kl = counts[:6]
+        rewards = [e.reward for e in played_eps if e.reward is not None]
         logged = {  # the names every trainer logs (envace_gym.training.metrics)
             metrics.STEP: step + 1,
             metrics.REWARD: float(np.mean(rewards)) if rewards else float("nan"),
-            metrics.SUCCESS: float(np.mean([e.success for e in batch.episodes])) if batch.episodes else float("nan"),
-            metrics.LOSS: totals["loss"],
+            metrics.SUCCESS: float(np.mean([e.success for e in played_eps])) if played_eps else float("nan"),
+            metrics.LOSS: loss_sum,
             metrics.GRAD_NORM: grad_norm,
-            metrics.KL: totals["kl"] / max(trained_tokens, 1),
-            metrics.CLIP_RATIO: totals["clipped"] / max(trained_tokens, 1),
+            metrics.KL: kl / max(trained_tokens, 1),
+            metrics.CLIP_RATIO: clipped / max(trained_tokens, 1),
             metrics.ZERO_STD: zero_std / played if played else float("nan"),  # no reward spread: no gradient
             metrics.GROUPS: played,
             metrics.SKIPPED_TASKS: skipped,  # drawn but too long to play (TaskTooLongError): no episode
-            metrics.REAL_TOOL_CALLS: real_calls,  # 0 with executor="rehearsal"
-            metrics.EPISODES: len(batch.episodes),
-            metrics.TURNS: float(np.mean([e.turns for e in batch.episodes])) if batch.episodes else float("nan"),
-            metrics.MASKED: sum(e.reward is None for e in batch.episodes),  # their verifier could not score them
+            metrics.REAL_TOOL_CALLS: sum(e.real_calls for e in played_eps),  # 0 with executor="rehearsal"
+            metrics.EPISODES: len(played_eps),
+            metrics.TURNS: float(np.mean([e.turns for e in played_eps])) if played_eps else float("nan"),
+            metrics.MASKED: sum(e.reward is None for e in played_eps),  # their verifier could not score them
             metrics.TRAINED_TOKENS: trained_tokens,
-            **{metrics.rows(role): sum(s.role == role for s in samples) for role in metrics.ROLES},
+            **{metrics.rows(role): n for role, n in zip(metrics.ROLES, counts[6:], strict=True)},
             metrics.STEP_TIME: time.perf_counter() - started,
         }
         history.append(logged)
@@ -344,8 +375,46 @@ def train(
         if checkpoint is not None and (last or (checkpoint_every and (step + 1) % checkpoint_every == 0)):
             if on_checkpoint is not None:
                 on_checkpoint(step + 1)
-            save_state(checkpoint, model, optimizer, rng, history)
+            if world > 1:
+                sharding.save_sharded_state(checkpoint, trained, optimizer, rng, history)
+            else:
+                save_state(checkpoint, model, optimizer, rng, history)
     return history
+
+
+@dataclass(frozen=True)
+class _EpisodeTally:
+    """What a step's metrics read of one episode (gathered from every rank)."""
+
+    reward: float | None
+    success: bool
+    turns: int
+    real_calls: int
+
+    @classmethod
+    def of(cls, episode: Any) -> _EpisodeTally:
+        real = sum(c["route"] == "real" for c in episode.calls)
+        return cls(episode.reward, episode.success, episode.turns, real)
+
+
+# A pass that trains nothing (mask 0): a rank with fewer micro-batches than the busiest runs it, so that every
+# rank gathers and reduces FSDP's shards the same number of times.
+_IDLE_ROW = Sample(role="act", group=-1, episode=-1, prompt_ids=(0,), completion_ids=(0,), logprobs=(0.0,), mask=(0,),
+                   reward=0.0)  # fmt: skip
+
+
+def _everyone(world: int, value: Any) -> list[Any]:
+    """``value`` from every rank, in rank order (this rank's alone in a single process)."""
+    return sharding.gathered(value) if world > 1 else [value]
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _as_float(norm: torch.Tensor) -> float:
+    """A norm that may be a DTensor (FSDP2's gradients): its whole value."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def _zero_std_groups(batch: RolloutBatch) -> int:

@@ -22,7 +22,7 @@ def refuse_vllm_settings(args: Any, what: str) -> None:
     """The vLLM settings rollouts cannot honour, refused by name. An episode is many generations from growing
     token-id prompts, played in this process: ``trl vllm-serve`` answers one request at a time over HTTP and takes
     new weights over NCCL (GPUs only); a tensor-parallel engine needs its ranks to generate together, and sleep
-    mode needs TRL's wake and sleep calls around each generation."""
+    mode is honoured around the whole rollout batch (see :func:`~.trainer_policy.rollout_weights`)."""
     if getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", "colocate") != "colocate":
         raise TrainingConfigError(
             f"{what} generates with vLLM in vllm_mode='colocate' only (an engine in this process, loaded with the "
@@ -35,11 +35,6 @@ def refuse_vllm_settings(args: Any, what: str) -> None:
             "each process plays its own episodes, so the ranks of a tensor-parallel group would not generate "
             "together. Leave it at 1."
         )
-    if getattr(args, "use_vllm", False) and getattr(args, "vllm_enable_sleep_mode", False):
-        raise TrainingConfigError(
-            f"{what} generates many times per step, between TRL's wake and sleep calls it does not make: "
-            "vllm_enable_sleep_mode=True is not supported. Leave it off."
-        )
 
 
 def _on_vllm_cpu(args: Any) -> bool:
@@ -49,6 +44,19 @@ def _on_vllm_cpu(args: Any) -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def _refuse_sleep_without_platform(args: Any) -> None:
+    """vLLM has sleep mode on CUDA, ROCm and XPU only; said here, by name, before the engine starts."""
+    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_enable_sleep_mode", False)):
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_sleep_mode_available():
+        raise TrainingConfigError(
+            f"vllm_enable_sleep_mode=True needs vLLM's sleep mode, which its {current_platform.device_name} "
+            "backend does not have (CUDA, ROCm and XPU do). Leave it off here."
+        )
 
 
 @contextlib.contextmanager
@@ -160,6 +168,7 @@ class ColocatedVLLMMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         config = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments.get("args")
+        _refuse_sleep_without_platform(config)
         with _cpu_kv_cache(config), _engine_in_trainer_dtype(config), _own_master_port(config):
             super().__init__(*args, **kwargs)
         _sync_vllm_on_cpu(self)

@@ -27,7 +27,7 @@ from .envace_grpo_config import EnvACEGRPOConfig
 from .model_card import BaseModelCardMixin
 from .rollout_func import envace_reward
 from .shared_prefix import SharedPrefixMixin
-from .trainer_policy import trainer_policy, trl_sampling
+from .trainer_policy import rollout_weights, trl_sampling
 
 
 class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixin, GRPOTrainer):
@@ -124,10 +124,11 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
                 self.vllm_generation.sync_weights()
             self._last_loaded_step = self.state.global_step
         tasks = task_ids([x["prompt"] for x in inputs])
-        batch: RolloutBatch = collect_rollouts(
-            trainer_policy(self), self.domain, tasks, 1, self.args.episode_config(act_sampling=act, rehearsal=rehearsal),
-            seed=int(torch.randint(2**31, (1,)).item()),
-        )  # fmt: skip
+        with rollout_weights(self) as policy:  # gathered once (ZeRO-3), or the engine awake (sleep mode)
+            batch: RolloutBatch = collect_rollouts(
+                policy, self.domain, tasks, 1, self.args.episode_config(act_sampling=act, rehearsal=rehearsal),
+                seed=int(torch.randint(2**31, (1,)).item()),
+            )  # fmt: skip
         rewards = self._episode_rewards(batch, mode)
         samples = [replace(s, reward=rewards[s.episode]) for s in batch.samples() if s.completion_ids and any(s.mask)]
 

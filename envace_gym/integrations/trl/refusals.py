@@ -43,18 +43,31 @@ def refuse_unused(args: Any, unused: dict[str, tuple[Any, ...]], what: str) -> N
         )
 
 
-def refuse_sharded(args: Any, what: str) -> None:
-    """Rollouts generate with the trained model's own parameters, many calls per step, one episode driver per
-    process: parameters sharded across processes (DeepSpeed ZeRO-3, FSDP) are not gathered for them, and
-    processes whose episodes take different numbers of turns would wait on each other forever. Refused, from
-    the settings alone (``accelerate launch`` says FSDP in the environment), before any model is loaded."""
+def sharding(args: Any) -> str | None:
+    """The parameter sharding ``args`` asks for, from the settings alone (``accelerate launch`` says FSDP in the
+    environment): ``"DeepSpeed ZeRO-3"``, ``"FSDP"`` or ``None`` (whole parameters on every rank: DDP, ZeRO-1/2)."""
     plugin = getattr(args, "deepspeed_plugin", None)
     fsdp = bool(getattr(args, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true")
-    sharding = "DeepSpeed ZeRO-3" if getattr(plugin, "zero_stage", None) == 3 else "FSDP" if fsdp else None
-    if sharding is not None:
-        raise TrainingConfigError(
-            f"{what} cannot generate from sharded parameters ({sharding}): its rollouts call the trained model's "
-            "generate many times per step, and a rank whose episodes take more turns would wait on the others. "
-            "Use data parallelism (accelerate launch --multi_gpu), DeepSpeed ZeRO-1/2, LoRA (peft_config) or "
-            "--train_layers to fit the model."
-        )
+    return "DeepSpeed ZeRO-3" if getattr(plugin, "zero_stage", None) == 3 else "FSDP" if fsdp else None
+
+
+def refuse_sharded(args: Any, what: str) -> None:
+    """Sharded parameters are fine where rollouts never run the sharded model: with vLLM (TRL gathers the shards
+    once per step to load the engine, and generation then runs no collective) and under ZeRO-3 with
+    ``ds3_gather_for_generation`` (TRL gathers the whole model once for the rollout batch). What is left is
+    refused before any model loads: FSDP without vLLM (TRL generates from the sharded layers, one all-gather per
+    layer and forward, which needs every rank to generate in lockstep; a rank whose episodes take more turns
+    would wait on the others forever), and ZeRO-3 with ``ds3_gather_for_generation=False`` (the same)."""
+    sharded = sharding(args)
+    if sharded is None or getattr(args, "use_vllm", False):
+        return
+    if sharded == "DeepSpeed ZeRO-3" and getattr(args, "ds3_gather_for_generation", True):
+        return
+    how = "FSDP" if sharded == "FSDP" else "DeepSpeed ZeRO-3 with ds3_gather_for_generation=False"
+    raise TrainingConfigError(
+        f"{what} cannot generate from sharded parameters ({how}) without vLLM: each forward would gather the "
+        "layers from every rank, and a rank whose episodes take more turns would wait on the others. Use "
+        "use_vllm=True (vllm_mode='colocate' or 'server': TRL gathers the shards once per step to load the "
+        "engine), or DeepSpeed ZeRO-3 with ds3_gather_for_generation=True (the whole model gathered once per "
+        "rollout batch)."
+    )

@@ -17,7 +17,7 @@ from ...rollout.collector import collect_rollouts
 from .colocated_vllm import refuse_vllm_settings
 from .dataset import task_ids
 from .refusals import UNUSED_BY_ROLLOUTS, refuse_sharded, refuse_unused
-from .trainer_policy import trainer_policy, trl_sampling
+from .trainer_policy import rollout_weights, trl_sampling
 
 
 def envace_reward(
@@ -48,11 +48,11 @@ def make_rollout_func(domain: str | Domain, config: EpisodeConfig | None = None,
         refuse_sharded(trainer.args, "make_rollout_func's rollouts")
         refuse_unused(trainer.args, UNUSED_BY_ROLLOUTS, "make_rollout_func's rollouts")
         act, rehearsal = trl_sampling(trainer.args)
-        policy = trainer_policy(trainer)
-        batch = collect_rollouts(
-            policy, dom, task_ids(prompts), 1, config, act_sampling=act, rehearsal=rehearsal,
-            seed=int(torch.randint(2**31, (1,)).item()), unfit="raise",  # TRL needs one row per prompt
-        )  # fmt: skip
+        with rollout_weights(trainer) as policy:  # gathered once (ZeRO-3), or the engine awake (sleep mode)
+            batch = collect_rollouts(
+                policy, dom, task_ids(prompts), 1, config, act_sampling=act, rehearsal=rehearsal,
+                seed=int(torch.randint(2**31, (1,)).item()), unfit="raise",  # TRL needs one row per prompt
+            )  # fmt: skip
         rows = [_ended_row(e, policy.stop_ids) for e in batch.episodes]
         return {
             "prompt_ids": [list(r.prompt_ids) for r in rows],

@@ -3,6 +3,8 @@ settings as both roles' sampling."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,6 +36,40 @@ def trainer_policy(trainer: Any) -> Policy:
         )  # fmt: skip
         trainer._envace_policy = policy
     return policy
+
+
+@contextlib.contextmanager
+def rollout_weights(trainer: Any) -> Iterator[Policy]:
+    """The trainer's current weights as a Policy, ready for one batch of rollouts (every generation of a step).
+
+    With vLLM the engine already holds them (TRL loads it once per step, gathering ZeRO-3 or FSDP shards as it
+    goes); in sleep mode its KV cache is woken for the batch and the engine put back to sleep after it (level 2,
+    as TRL does: its weights are loaded again at the next wake). Without vLLM, TRL's
+    ``unwrap_model_for_generation`` gathers ZeRO-3 shards once for the whole batch (``ds3_gather_for_generation``;
+    ``refusals.refuse_sharded`` refuses what would gather per forward), so generation runs no collective and
+    ranks whose episodes take different numbers of turns never wait on each other."""
+    args = trainer.args
+    if getattr(args, "use_vllm", False):
+        generation = trainer.vllm_generation
+        sleeps = getattr(args, "vllm_mode", "colocate") == "colocate" and getattr(args, "vllm_enable_sleep_mode", False)
+        if sleeps:
+            if getattr(generation, "_llm_weights_sleeping", False):
+                generation.sync_weights()  # wakes the weights and loads the current ones
+            generation.llm.wake_up(tags=["kv_cache"])
+        try:
+            yield trainer_policy(trainer)
+        finally:
+            if sleeps:
+                generation.llm.sleep(level=2)
+                generation._llm_weights_sleeping = True
+        return
+    from trl.models import unwrap_model_for_generation
+
+    with unwrap_model_for_generation(
+        trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=getattr(args, "ds3_gather_for_generation", True),
+        gradient_checkpointing_kwargs=getattr(args, "gradient_checkpointing_kwargs", None),
+    ):  # fmt: skip
+        yield trainer_policy(trainer)
 
 
 def trl_sampling(args: Any) -> tuple[SamplingParams, RehearsalConfig]:
