@@ -197,6 +197,53 @@ def test_the_readable_trainer_rolls_out_on_an_engine_that_holds_the_trained_weig
     assert (torch.tensor(gen.logprobs) - stale).abs().max() > 10 * LOGPROB_TOLERANCE  # not the checkpoint's
 
 
+def test_fsdp2_shards_gathered_as_trl_gathers_them_load_the_engine_with_the_whole_models_weights(tiny_vllm_folder, tmp_path):
+    """TRL's trainer cannot be sharded on a CPU (accelerate sets up FSDP and DeepSpeed for accelerators only;
+    docs/training.md), so the path its colocated engine takes under FSDP2 is tested in two parts: two gloo
+    processes shard a model with fully_shard and gather it with TRL's own ``_iter_named_params``
+    (tests/sharded_gather.py); the stream then goes through our CPU sync (what ``sync_weights`` becomes on vLLM's
+    CPU backend) into a fresh engine, which must score a completion as the unsharded model does, not as its
+    checkpoint."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from envace_gym.integrations.trl.colocated_vllm import _sync_vllm_on_cpu
+    from envace_gym.policy.vllm import VLLMPolicy
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sharded_gather import moved
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "stream.pt"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(port), str(Path(__file__).with_name("sharded_gather.py")), str(tiny_vllm_folder), str(out)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    stream = torch.load(out, weights_only=False)
+    whole = moved(str(tiny_vllm_folder))
+    assert [n for n, _ in stream] == [n for n, _ in whole.named_parameters()]  # tied weights once, vLLM's names
+
+    engine = VLLMPolicy(tiny_vllm_folder, dtype="float32")
+    generation = SimpleNamespace(llm=engine.llm, _iter_named_params=lambda: iter(stream))
+    _sync_vllm_on_cpu(SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="colocate"), vllm_generation=generation))
+    generation.sync_weights()
+    prompt = _prompt(engine)
+    (gen,) = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=1.0, seed=4))
+    expected, _ = _fresh_logprobs(whole, prompt, gen.completion_ids)
+    start, _ = _fresh_logprobs(AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32), prompt,
+                               gen.completion_ids)  # fmt: skip
+    assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=LOGPROB_TOLERANCE)
+    assert (torch.tensor(gen.logprobs) - start).abs().max() > 10 * LOGPROB_TOLERANCE  # not the checkpoint's
+
+
 def test_envace_experiment_runs_on_the_vllm_backend(tiny_vllm_folder, tmp_path):
     """``envace experiment --backend vllm``: SFT, then EnvACE and its frozen-simulator ablation (a second engine
     that keeps the SFT weights), every rollout and evaluation on vLLM; the backend and dtype are recorded."""
