@@ -49,14 +49,21 @@ GRPO_ON_VLLM = dict(
 )  # fmt: skip
 
 
-def test_envace_trainer_trains_on_colocated_vllm_and_syncs_its_weights_each_step(tokenizer, tiny_vllm_folder, tmp_path):
+def test_envace_trainer_trains_on_colocated_vllm_and_syncs_its_weights_each_step(
+    tokenizer, tiny_vllm_folder, tmp_path, monkeypatch
+):
     """EnvACEGRPOTrainer with use_vllm=True: TRL's colocated engine generates every Act turn and rehearsal, the
     trainer's weights are loaded into it once per optimizer step (after step 1, the engine scores a completion
-    as the step-1 weights do, not as the starting ones), and TRL's sampling correction is applied and logged."""
+    as the step-1 weights do, not as the starting ones), and TRL's sampling correction is applied and logged.
+    Launched as ``accelerate launch --use_fsdp`` would launch it, it builds and trains (on a CPU accelerate
+    shards nothing: docs/training.md, "At scale")."""
     from transformers import TrainerCallback
 
     from envace_gym.integrations.trl import EnvACEGRPOConfig, EnvACEGRPOTrainer
     from envace_gym.integrations.trl.colocated_vllm import engine_dtype
+    from envace_gym.integrations.trl.refusals import sharding
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
 
     after_step = []
 
@@ -71,6 +78,7 @@ def test_envace_trainer_trains_on_colocated_vllm_and_syncs_its_weights_each_step
         model=str(tiny_vllm_folder), args=args, reward_funcs=[_length_reward], callbacks=[Snapshot()],
         processing_class=tokenizer,
     )  # fmt: skip
+    assert sharding(trainer.args) == "FSDP"  # asked for, and not refused
     syncs, outputs = [], []
     sync = trainer.vllm_generation.sync_weights
     trainer.vllm_generation.sync_weights = lambda: (syncs.append(trainer.state.global_step), sync())[-1]
