@@ -43,3 +43,24 @@ def test_rehearsal_format_benchmark_counts_every_rehearsed_call(capsys):
     (row,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert row["temperature"] == 0 and row["calls"] >= 2  # both tasks' calls were rehearsed
     assert row["well_formed"] <= row["calls"] and sum(row["codes"].values()) == row["calls"]
+
+
+@pytest.mark.parametrize("recipe", ["envace_8b.yaml", "server.yaml"])
+def test_the_scale_recipes_build_their_trainer_config(recipe, capsys):
+    """examples/scale: each settings file builds an EnvACEGRPOConfig (its accelerator settings turned off for
+    the check: this machine has none), with the sharding and vLLM settings it names."""
+    run("scale/train.py", "--config", str(EXAMPLES / "scale" / recipe), "--dry_run")
+    out = capsys.readouterr().out
+    assert "model Qwen/Qwen3-8B, domain bank, 470 steps, G=4" in out and "the config builds" in out
+
+
+@pytest.mark.parametrize("launch", ["fsdp2.yaml", "zero3.yaml"])
+def test_the_scale_launch_configs_are_accelerates(launch):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(EXAMPLES / "scale" / launch))
+    assert config.num_processes == 8 and config.mixed_precision == "bf16"
+    if launch == "fsdp2.yaml":
+        assert config.distributed_type == "FSDP" and config.fsdp_config["fsdp_version"] == 2
+    else:
+        assert config.distributed_type == "DEEPSPEED" and config.deepspeed_config["zero_stage"] == 3
