@@ -37,6 +37,7 @@ from typing import Any
 
 from ..episode.config import EpisodeSettings, setting
 from ..errors import EnvACEError
+from ..policy.device import default_device, place
 from ..policy.precision import DTYPES, dtype_name, resolve_dtype
 from .experiment_report import format_results, plot_learning_curves
 from .workers import print_now, worker_init
@@ -253,7 +254,8 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
         "command": command_line(config),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, Python {sys.version.split()[0]}",
         "config": asdict(config),
-        "dtype": dtype_name(resolve_dtype(config.dtype)),
+        "dtype": dtype_name(_compute_dtype(config)),
+        "device": str(default_device()),  # where the models ran: the GPU when there is one, or $ENVACE_DEVICE
         "backend": config.backend,
         "max_new_tokens": budget,
         "records": [r for by_seed in records.values() for r in by_seed.values()],
@@ -554,21 +556,27 @@ def _zero_std_groups(step: dict[str, Any]) -> int:
     return round(step[metrics.ZERO_STD] * step[metrics.GROUPS]) if step[metrics.GROUPS] else 0
 
 
-def _load(path: str, train_layers: int | None) -> Any:
+def _load(path: str, train_layers: int | None, device: str | None = None) -> Any:
+    """The model at ``path`` as a policy, on ``device`` (:func:`~envace_gym.policy.device.default_device`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..policy.transformers import TransformersPolicy
     from ..training.options import train_top_layers
 
-    model = train_top_layers(AutoModelForCausalLM.from_pretrained(path), train_layers)
+    model = train_top_layers(place(AutoModelForCausalLM.from_pretrained(path), device), train_layers)
     return TransformersPolicy(model, AutoTokenizer.from_pretrained(path))
+
+
+def _compute_dtype(config: ExperimentConfig) -> Any:
+    """The compute dtype, ``auto`` resolved for the device the models run on (not the host CPU)."""
+    return resolve_dtype(config.dtype, default_device())
 
 
 def _engine(config: ExperimentConfig, path: str) -> Any:
     """A vLLM engine over the model at ``path``, in the experiment's compute dtype (the trainer's)."""
     from ..policy.vllm import VLLMPolicy
 
-    return VLLMPolicy(path, dtype=dtype_name(resolve_dtype(config.dtype)), seed=0)
+    return VLLMPolicy(path, dtype=dtype_name(_compute_dtype(config)), seed=0)
 
 
 _EVAL_KEYS = ("success", "mean_reward", "success_sampled", "mean_reward_sampled", "valid_real_calls_per_episode",
