@@ -84,3 +84,19 @@ def test_experiment_resolves_auto_dtype_for_its_device(monkeypatch):
     assert experiment._compute_dtype(config) is torch.bfloat16  # the GPU's answer, not the host CPU's
     monkeypatch.setenv("ENVACE_DEVICE", "cpu")
     assert experiment._compute_dtype(config) is torch.float32
+
+
+# -- b. GPU memory beside RSS -----------------------------------------------------------------------------
+def test_peak_gpu_memory_only_where_cuda_is_in_use(monkeypatch):
+    from envace_gym.recipes.bench import Measure, format_table
+    from envace_gym.training import memory
+
+    assert memory.peak_gpu_memory() is None  # this machine: no CUDA
+    cpu_table = format_table([Measure("m", "1", "1", 1.0, "", 10.0)])
+    assert "GPU" not in cpu_table
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    assert memory.peak_gpu_memory() == 3072.0 and memory.peak_gpu_memory(2**30) == 3.0
+    table = format_table([Measure("m", "1", "1", 1.0, "", 10.0, peak_gpu_mib=memory.peak_gpu_memory())])
+    assert "peak GPU (MiB)" in table and "| 3,072 |" in table

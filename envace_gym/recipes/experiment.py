@@ -295,9 +295,12 @@ def _run_stage(
     else:
         record = _rl_stage(config, domain, out / f"seed-{seed}" / "sft", stage, seed, condition, budget, log)
     # wall clock of the whole stage (evaluations included), Unix seconds: when stages ran side by side; the
-    # process's peak resident memory so far (with --workers, a fresh process per stage: the stage's own peak)
+    # process's peak resident memory so far (with --workers, a fresh process per stage: the stage's own peak), and
+    # beside it the peak GPU memory of torch's tensors so far (None without CUDA)
+    from ..training.memory import peak_gpu_memory
+
     record.update(condition=condition, seed=seed, domain=domain.id, started=started, ended=time.time(),
-                  process_peak_rss_gib=_peak_rss_gib())  # fmt: skip
+                  process_peak_rss_gib=_peak_rss_gib(), process_peak_gpu_gib=peak_gpu_memory(2**30))  # fmt: skip
     (stage / "record.json").write_text(json.dumps(record, indent=2))
     log(f"[seed {seed}] {condition}: success {record['success']:.3f} (greedy), "
         f"{record['success_sampled']:.3f} (sampled)")  # fmt: skip
