@@ -100,3 +100,95 @@ def test_peak_gpu_memory_only_where_cuda_is_in_use(monkeypatch):
     assert memory.peak_gpu_memory() == 3072.0 and memory.peak_gpu_memory(2**30) == 3.0
     table = format_table([Measure("m", "1", "1", 1.0, "", 10.0, peak_gpu_mib=memory.peak_gpu_memory())])
     assert "peak GPU (MiB)" in table and "| 3,072 |" in table
+
+
+# -- c. CPU-only vLLM settings only on vLLM's CPU backend ---------------------------------------------------
+def test_vllm_cpu_settings_only_on_the_cpu_platform():
+    from envace_gym.policy.vllm import CPU_STEP_TOKENS, engine_settings
+
+    cpu = engine_settings("m", on_cpu=True, kv_cache_gib=1.0)
+    assert cpu["kv_cache_memory_bytes"] == 2**30 and cpu["max_num_batched_tokens"] == CPU_STEP_TOKENS
+    assert cpu["dtype"] == "float32" and "gpu_memory_utilization" not in cpu
+    gpu = engine_settings("m", on_cpu=False, kv_cache_gib=1.0, gpu_memory_utilization=0.2)
+    # a fixed KV cache size would override gpu_memory_utilization on CUDA
+    assert "kv_cache_memory_bytes" not in gpu and "max_num_batched_tokens" not in gpu
+    assert gpu["gpu_memory_utilization"] == 0.2 and gpu["dtype"] == "auto"
+    assert "gpu_memory_utilization" not in engine_settings("m", on_cpu=False)  # vLLM's own default
+    mine = engine_settings("m", on_cpu=True, engine_kwargs={"max_num_batched_tokens": 4096, "dtype": "bfloat16"})
+    assert mine["max_num_batched_tokens"] == 4096 and mine["dtype"] == "bfloat16"  # the caller's win
+
+
+def test_vllm_policy_builds_its_engine_from_the_platform(monkeypatch):
+    """VLLMPolicy asks vLLM's platform, then passes engine_settings' answer to vllm.LLM (faked: no engine)."""
+    from envace_gym.policy import vllm as backend
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def fake_llm(**settings):
+        seen.update(settings)
+        raise Stop
+
+    monkeypatch.setattr(backend, "_import_vllm", lambda: type("vllm", (), {"LLM": staticmethod(fake_llm)}))
+    for on_cpu in (True, False):
+        seen.clear()
+        monkeypatch.setattr(backend, "on_cpu_platform", lambda on_cpu=on_cpu: on_cpu)
+        with pytest.raises(backend.PolicyError, match="did not start"):
+            backend.VLLMPolicy("m", tokenizer=object(), gpu_memory_utilization=0.3)
+        assert ("kv_cache_memory_bytes" in seen) is on_cpu
+        assert seen.get("gpu_memory_utilization") == (None if on_cpu else 0.3)
+
+
+# -- d. the engines of one experiment fit one GPU together -------------------------------------------------
+def test_engine_shares_fit_one_gpu():
+    from envace_gym.policy.vllm import GPU_MEMORY_BUDGET, TRAINER_GPU_SHARE, gpu_memory_share
+    from envace_gym.recipes.experiment import CONDITIONS, RL_CONDITIONS, engine_share
+
+    assert gpu_memory_share(1) == GPU_MEMORY_BUDGET
+    assert gpu_memory_share(2, trainer=True) == pytest.approx((GPU_MEMORY_BUDGET - TRAINER_GPU_SHARE) / 2)
+    with pytest.raises(ValueError):
+        gpu_memory_share(0)
+    for condition in CONDITIONS:
+        engines = 1 + bool(RL_CONDITIONS.get(condition, {}).get("frozen_simulator"))
+        trainer = TRAINER_GPU_SHARE if condition in RL_CONDITIONS else 0.0
+        assert engines * engine_share(condition) + trainer <= GPU_MEMORY_BUDGET + 1e-9, condition
+    assert engine_share("sft+envace-frozen-sim") < engine_share("sft+envace-separate") < engine_share("sft")
+
+
+def test_experiment_releases_its_engines_and_sizes_them(monkeypatch, tmp_path):
+    """An RL stage on vLLM starts its engines with their shares and shuts them down when it ends (faked engines
+    and trainer: what is checked is the bookkeeping, not vLLM)."""
+    from envace_gym.policy import vllm as backend
+    from envace_gym.recipes import experiment
+
+    started, released = [], []
+
+    class FakeEngine:
+        def __init__(self, path, dtype=None, seed=0, gpu_memory_utilization=None):
+            started.append(gpu_memory_utilization)
+
+        def release(self):
+            released.append(self)
+
+    monkeypatch.setattr(backend, "VLLMPolicy", FakeEngine)
+    monkeypatch.setattr(experiment, "_load", lambda path, layers: type("P", (), {"model": None})())
+
+    def fake_train(*args, **kwargs):
+        raise RuntimeError("stop after the engines started")
+
+    import envace_gym.training.trainer as trainer
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    monkeypatch.setattr(experiment, "_evaluate", lambda *a, **k: dict.fromkeys(experiment._EVAL_KEYS, 0.0))
+    sft = tmp_path / "sft"
+    (sft / "final").mkdir(parents=True)
+    (sft / "final" / "config.json").write_text("{}")
+    config = experiment.ExperimentConfig(backend="vllm", gradient_checkpointing=False)
+    from envace_gym.domains.registry import make_domain
+
+    with pytest.raises(RuntimeError, match="stop after"):
+        experiment._rl_stage(config, make_domain("lights:easy"), sft, tmp_path / "stage", 0, "sft+envace-frozen-sim",
+                             16, lambda *_: None)  # fmt: skip
+    assert started == [experiment.engine_share("sft+envace-frozen-sim")] * 2 and len(released) == 2
