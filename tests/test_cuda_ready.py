@@ -192,3 +192,55 @@ def test_experiment_releases_its_engines_and_sizes_them(monkeypatch, tmp_path):
         experiment._rl_stage(config, make_domain("lights:easy"), sft, tmp_path / "stage", 0, "sft+envace-frozen-sim",
                              16, lambda *_: None)  # fmt: skip
     assert started == [experiment.engine_share("sft+envace-frozen-sim")] * 2 and len(released) == 2
+
+
+# -- f. the packing probe in the dtype the forwards run in -----------------------------------------------
+_IDS = [11, 23, 5, 17, 29, 3, 31, 7, 13, 19, 2, 37]  # the probe's own rows
+_PROMPTS, _COMPLETIONS = [_IDS[:6], _IDS[:6], _IDS[6:9]], [_IDS[6:10], _IDS[9:12], _IDS[1:5]]
+
+
+def test_packing_probe_under_bf16_autocast_tolerates_rounding_not_a_mismatch(monkeypatch, tokenizer):
+    from envace_gym.testing import tiny_model
+    from envace_gym.training import packing
+
+    model = tiny_model(tokenizer, seed=0)
+    with torch.no_grad():
+        exact = packing.plain_scores(model, _PROMPTS, _COMPLETIONS).logprobs
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            rounded = packing.plain_scores(model, _PROMPTS, _COMPLETIONS).logprobs
+    # bfloat16's rounding alone is past float32's tolerance: a probe in bf16 held to it would turn packing off
+    assert packing._farthest(exact, rounded) > packing.EXACT_TOLERANCE
+    assert packing.packing_support(model, torch.bfloat16) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the ambient autocast is the dtype probed (cached)
+        assert packing.packing_support(model) is None
+    assert set(packing._SUPPORT[model]) == {torch.bfloat16}
+
+    # a packed forward that goes wrong only in bfloat16 (a kernel that drops the mask there, say) is caught
+    right = packing._tree_flat
+
+    def wrong_in_bf16(model, tree, temperature):
+        logprobs, *rest = right(model, tree, temperature)
+        return (logprobs + 0.5 * torch.is_autocast_enabled("cpu"), *rest)
+
+    monkeypatch.setattr(packing, "_tree_flat", wrong_in_bf16)
+    other = tiny_model(tokenizer, seed=6)
+    assert packing.packing_support(other) is None  # float32: right
+    assert "under torch.bfloat16 autocast" in packing.packing_support(other, torch.bfloat16)
+
+
+def test_packing_probe_catches_a_layout_mismatch_whatever_the_compute_dtype(tokenizer):
+    from envace_gym.testing import tiny_model
+    from envace_gym.training import packing
+
+    class IgnoresPositions(torch.nn.Module):  # packed positions are wrong for it: a real mismatch
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, position_ids=None, **kwargs):
+            return self.inner(**kwargs)
+
+    assert "differ" in packing.packing_support(IgnoresPositions(tiny_model(tokenizer, seed=7)), torch.bfloat16)
+    assert packing.probe_tolerance(torch.float32, noise=1.0) == packing.EXACT_TOLERANCE
+    assert packing.probe_tolerance(torch.bfloat16) == packing.HALF_TOLERANCE
+    assert packing.probe_tolerance(torch.bfloat16, noise=0.1) == pytest.approx(packing.NOISE_FACTOR * 0.1)
