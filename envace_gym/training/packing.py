@@ -509,17 +509,41 @@ def _packed_scores(
     # Several packs under autograd: each is recomputed in the backward pass, so memory holds one pack's
     # activations at a time (not needed with one pack, nor when the model checkpoints its own layers).
     recompute = len(packs) > 1 and torch.is_grad_enabled() and not checkpoints_layers(model)
+    forward, anchor = _ddp_safe(model)
     for pack in packs:
         tree = build_tree([rows[i] for i in pack], [len(prompts[i]) for i in pack])
         if recompute:
-            flat = checkpoint(_tree_flat, model, tree, temperature, use_reentrant=False)
+            flat = checkpoint(_tree_flat, forward, tree, temperature, use_reentrant=False)
         else:
-            flat = _tree_flat(model, tree, temperature)
+            flat = _tree_flat(forward, tree, temperature)
         for k, i in enumerate(pack):
             index = torch.as_tensor(tree.row_scores[k], device=flat[0].device)
             for column in range(3):
                 out[column][i] = flat[column][index]
+    if anchor is not None and rows:
+        out[0][0] = out[0][0] + anchor  # zero: it only joins the DDP forward's graph to the loss's
     return Scores(*out)
+
+
+def _ddp_safe(model: Any) -> tuple[Any, torch.Tensor | None]:
+    """What the packs run through, and a zero to add to the scores: under DDP, the inner module, plus one
+    forward of a single token through the DDP wrapper (when gradients are taken).
+
+    Every DDP forward is a collective (it broadcasts the buffers and prepares the gradient reducer), so one DDP
+    forward per pack, and again per recomputed pack in the backward pass, desynchronises ranks whose rows make
+    different numbers of packs (a hang, under gloo as under NCCL). The packs go through the inner module: no
+    collective, whatever their number. The gradient all-reduce still happens once, in the backward pass: DDP's
+    hooks sit on the parameters and fire whatever forward used them, once the reducer is prepared, which the one
+    forward through the wrapper does on every rank alike (and under ``no_sync()`` leaves undone, as DDP would)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return model, None
+    if not torch.is_grad_enabled():  # no gradients to reduce; the buffers are the same on every rank
+        return model.module, None
+    token = torch.zeros((1, 1), dtype=torch.long, device=_device(model))
+    logits = model(input_ids=token, use_cache=False, logits_to_keep=1).logits
+    return model.module, logits.float().sum() * 0.0
 
 
 def plain_scores(
