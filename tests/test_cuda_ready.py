@@ -244,3 +244,21 @@ def test_packing_probe_catches_a_layout_mismatch_whatever_the_compute_dtype(toke
     assert packing.probe_tolerance(torch.float32, noise=1.0) == packing.EXACT_TOLERANCE
     assert packing.probe_tolerance(torch.bfloat16) == packing.HALF_TOLERANCE
     assert packing.probe_tolerance(torch.bfloat16, noise=0.1) == pytest.approx(packing.NOISE_FACTOR * 0.1)
+
+
+# -- item 6: the GPU check script builds its configs without a GPU ------------------------------------------
+def test_gpu_check_dry_run_builds_every_config():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run"], cwd=root, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("gpu_check: dry run: every config built; nothing trained")
+    built = json.loads(done.stdout[: done.stdout.rindex("}") + 1])["dry_run"]
+    assert built["model_config"]["model_type"] == "qwen3" and built["model_config"]["num_hidden_layers"] == 28
+    assert built["fsdp2_plugin"]["fsdp_version"] == 2 and built["trainer"]["steps"] == 2
+    assert built["tokenizer"]["chat_template"] and built["variants"] == ["plain", "fsdp2"]
