@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import DefaultModelNotInstalledError, PolicyError
+from .device import place
 from .transformers import TransformersPolicy
 
 if TYPE_CHECKING:
@@ -156,11 +157,12 @@ def load_default_tokenizer() -> tuple[PreTrainedTokenizerBase, int]:
 
 
 @functools.lru_cache(maxsize=1)
-def load_default_policy() -> TransformersPolicy:
-    """The embedded default policy, loaded once per process (every env shares the same weights)."""
+def load_default_policy(device: str | None = None) -> TransformersPolicy:
+    """The embedded default policy, loaded once per process (every env shares the same weights), on ``device``
+    (default: :func:`~envace_gym.policy.device.default_device`, the GPU when there is one)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = place(AutoModelForCausalLM.from_pretrained(path), device)
     return TransformersPolicy(model, tokenizer)

@@ -41,9 +41,12 @@ def make_policy(
         return load_default_policy()
     if isinstance(spec, str):
         if spec == "tiny":
+            from .device import place
             from .tiny import tiny_policy
 
-            return tiny_policy()
+            tiny = tiny_policy()
+            tiny.model = place(tiny.model)  # as every loaded model: on the GPU when there is one
+            return tiny
         return TransformersPolicy.from_pretrained(spec)
     if isinstance(spec, tuple) and len(spec) == 2:
         return TransformersPolicy(spec[0], spec[1])

@@ -2,10 +2,10 @@
 
 Training keeps float32 master weights and optimizer states either way; ``bfloat16`` means the forward and
 backward passes (and rollout generation) run under ``torch.autocast``. ``auto`` decides by capability, so every
-process on a machine decides alike: on a GPU, bfloat16 when it supports it; on a CPU, bfloat16 when torch
-reports native bfloat16 instructions (x86 ``avx512_bf16`` or AMX), since only those run it fast (forward and
-backward of the default model: 2.4x faster than float32 on an AMD EPYC with ``avx512_bf16``; a matmul ~14x
-slower on an AVX2-only Intel). ``envace bench --train`` measures both side by side.
+process on a machine decides alike: on a GPU, bfloat16 when it runs it natively (compute capability 8.0 and
+later; not torch's emulation on older GPUs); on a CPU, bfloat16 when torch reports native bfloat16 instructions
+(x86 ``avx512_bf16`` or AMX), since only those run it fast (forward and backward of the default model: 2.4x
+faster than float32 on an AMD EPYC with ``avx512_bf16``; a matmul ~14x slower on an AVX2-only Intel). ``envace bench --train`` measures both side by side.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ DTYPES = ("auto", "float32", "bfloat16")
 def native_bf16(device_type: str = "cpu") -> bool:
     """Whether ``device_type`` has native bfloat16 kernels (the same answer in every process on a machine)."""
     if device_type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        # not emulated: before Ampere (compute capability 8.0) torch's default answer is True, yet bfloat16 runs
+        # there only through float32 kernels, slower than float32 itself
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     if device_type == "cpu":
         return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     return False

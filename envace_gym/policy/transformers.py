@@ -25,6 +25,7 @@ from transformers import (
 )
 
 from ..errors import PolicyError
+from .device import place
 from .precision import autocast
 from .protocol import Generation, SamplingParams
 from .sessions import GenerationSession, cache_argument
@@ -143,8 +144,11 @@ class TransformersPolicy:
         self.pad_id = pad if pad is not None else self.stop_ids[0]
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, **kwargs: Any) -> TransformersPolicy:
-        """Load a model and tokenizer from a local path or a hub id (which needs network access)."""
+    def from_pretrained(
+        cls, name_or_path: str, *, device: str | torch.device | None = None, **kwargs: Any
+    ) -> TransformersPolicy:
+        """Load a model and tokenizer from a local path or a hub id (which needs network access), the model on
+        ``device`` (default: :func:`~envace_gym.policy.device.default_device`, the GPU when there is one)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         check_model_source(name_or_path)
@@ -156,7 +160,7 @@ class TransformersPolicy:
             where = "a local folder" if local else "no local folder of that name, so tried as a hub id"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PolicyError(f"cannot load model {name_or_path!r} ({where}): {first}") from exc
-        return cls(model, tokenizer, **kwargs)
+        return cls(place(model, device), tokenizer, **kwargs)
 
     def with_compute_dtype(self, dtype: torch.dtype | None) -> TransformersPolicy:
         """The same model and tokenizer, generating under autocast to ``dtype`` (``None``: the model's own)."""

@@ -52,6 +52,8 @@ INSTALL_HINT = (
 )
 DEFAULT_KV_CACHE_GIB = 2.0  # vLLM's CPU backend otherwise reserves 92% of the machine's memory
 CPU_STEP_TOKENS = 65536  # the engine's step on a CPU: a seeded batch of many episodes' prompts in one part
+GPU_MEMORY_BUDGET = 0.9  # vLLM's own default gpu_memory_utilization: what the engines of one process share
+TRAINER_GPU_SHARE = 0.5  # of a GPU's memory, left to a trainer beside the engines (weights, AdamW, activations)
 
 
 def _import_vllm() -> Any:
@@ -63,10 +65,62 @@ def _import_vllm() -> Any:
     return vllm
 
 
-def _default_dtype() -> str:
-    import torch
+def on_cpu_platform() -> bool:
+    """Whether vLLM runs on its CPU backend here (vLLM's ``current_platform``, not torch's view of the GPU)."""
+    _import_vllm()
+    from vllm.platforms import current_platform
 
-    return "auto" if torch.cuda.is_available() else "float32"
+    return bool(current_platform.is_cpu())
+
+
+def engine_settings(
+    model: str | Path,
+    *,
+    on_cpu: bool,
+    dtype: str | None = None,
+    seed: int = 0,
+    max_context: int | None = None,
+    kv_cache_gib: float = DEFAULT_KV_CACHE_GIB,
+    gpu_memory_utilization: float | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The arguments of ``vllm.LLM`` for :class:`VLLMPolicy` (computed without starting an engine).
+
+    The CPU-only settings apply only on vLLM's CPU backend (``on_cpu``): there the KV cache gets a fixed size
+    (``kv_cache_gib``) and the step is widened to ``CPU_STEP_TOKENS``. On a GPU a fixed ``kv_cache_memory_bytes``
+    would override ``gpu_memory_utilization``, so it is left out and the engine takes its share of the GPU's
+    memory (``gpu_memory_utilization``, e.g. from :func:`gpu_memory_share`; vLLM's 0.9 when ``None``).
+    ``engine_kwargs`` override everything."""
+    settings: dict[str, Any] = {
+        "model": str(model),
+        # on a CPU, vLLM would run a float32 checkpoint in bfloat16, which a float32 trainer does not match
+        "dtype": dtype or ("float32" if on_cpu else "auto"),
+        "seed": seed,
+        "enable_prefix_caching": True,
+        "logprobs_mode": "processed_logprobs",
+    }
+    if max_context is not None:
+        settings["max_model_len"] = max_context
+    if on_cpu:
+        settings["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        settings["max_num_batched_tokens"] = CPU_STEP_TOKENS
+    elif gpu_memory_utilization is not None:
+        settings["gpu_memory_utilization"] = gpu_memory_utilization
+    settings.update(engine_kwargs or {})
+    return settings
+
+
+def gpu_memory_share(engines: int, *, trainer: bool = False, budget: float = GPU_MEMORY_BUDGET) -> float:
+    """Each engine's ``gpu_memory_utilization`` when ``engines`` engines (and a trainer, if ``trainer``) share one
+    GPU in one process: vLLM takes that fraction of the GPU's whole memory per engine, and refuses to start
+    where less is free, so the shares of everything on the GPU must add up to at most ``budget``; a trainer
+    keeps ``TRAINER_GPU_SHARE`` of it."""
+    if engines < 1:
+        raise ValueError(f"engines must be at least 1, got {engines}")
+    left = budget - (TRAINER_GPU_SHARE if trainer else 0.0)
+    if left <= 0:
+        raise ValueError(f"a budget of {budget} leaves the engines nothing beside a trainer ({TRAINER_GPU_SHARE})")
+    return round(left / engines, 4)
 
 
 class VLLMPolicy:
@@ -78,8 +132,11 @@ class VLLMPolicy:
         dtype: The engine's dtype. ``None``: vLLM's own choice on a GPU, ``"float32"`` on a CPU (vLLM's CPU
             backend would run a float32 checkpoint in bfloat16, which a float32 trainer does not match).
         max_context: Longest prompt + completion; default: the model's own (vLLM's ``max_model_len``).
-        kv_cache_gib: Memory for the KV cache, in GiB.
+        kv_cache_gib: Memory for the KV cache, in GiB, on vLLM's CPU backend (on a GPU the engine sizes its cache
+            from ``gpu_memory_utilization``).
         seed: The engine's seed (requests without one draw from it).
+        gpu_memory_utilization: On a GPU, the fraction of its memory this engine may take (vLLM's 0.9 when
+            ``None``); engines sharing a GPU each take their :func:`gpu_memory_share`.
         engine_kwargs: More arguments for ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``,
             ...); they override the ones above.
     """
@@ -93,6 +150,7 @@ class VLLMPolicy:
         max_context: int | None = None,
         kv_cache_gib: float = DEFAULT_KV_CACHE_GIB,
         seed: int = 0,
+        gpu_memory_utilization: float | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         vllm = _import_vllm()
@@ -100,21 +158,10 @@ class VLLMPolicy:
 
         self.model_name = str(model)
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(self.model_name)
-        settings: dict[str, Any] = {
-            "model": self.model_name,
-            "dtype": dtype or _default_dtype(),
-            "seed": seed,
-            "enable_prefix_caching": True,
-            "logprobs_mode": "processed_logprobs",
-            "kv_cache_memory_bytes": int(kv_cache_gib * 2**30),
-        }
-        if max_context is not None:
-            settings["max_model_len"] = max_context
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu():
-            settings["max_num_batched_tokens"] = CPU_STEP_TOKENS
-        settings.update(engine_kwargs or {})
+        settings = engine_settings(
+            self.model_name, on_cpu=on_cpu_platform(), dtype=dtype, seed=seed, max_context=max_context,
+            kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization, engine_kwargs=engine_kwargs,
+        )  # fmt: skip
         try:
             llm = vllm.LLM(**settings)
         except Exception as exc:  # noqa: BLE001 - one line naming the fix, whatever the engine raised
@@ -149,6 +196,21 @@ class VLLMPolicy:
         self.max_context = int(llm.llm_engine.model_config.max_model_len)
         self.stop_ids = stop_token_ids(self.tokenizer)
         self._vllm = vllm
+
+    def release(self) -> None:
+        """Shut the engine down and give its memory back (on a GPU, before the next engine of the process starts);
+        the policy cannot generate afterwards."""
+        import gc
+
+        core = getattr(getattr(getattr(self, "llm", None), "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+        self.llm = None
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Put new weights (checkpoint names, as ``model.named_parameters()`` gives them) into the engine."""
@@ -247,4 +309,4 @@ def load_weights(llm: Any, weights: Iterable[tuple[str, Any]]) -> None:
     llm.reset_prefix_cache()
 
 
-__all__ = ["VLLMPolicy", "load_weights"]
+__all__ = ["VLLMPolicy", "engine_settings", "gpu_memory_share", "load_weights", "on_cpu_platform"]

@@ -48,6 +48,7 @@ from ..rehearsal.prompt import RehearsalConfig, rollout_sampling
 from ..rollout.collector import collect_rollouts
 from ..tools.executor import ToolExecutor
 from ..tools.schema import ToolRegistry
+from ..training.memory import peak_gpu_memory, reset_peak_gpu_memory
 
 
 @dataclass
@@ -59,10 +60,12 @@ class Measure:
     target: str
     peak_mib: float
     note: str = ""
+    peak_gpu_mib: float | None = None  # torch.cuda.max_memory_allocated where CUDA is in use, else None
 
 
 # -- memory ------------------------------------------------------------------------------------------
 def _reset_peak_rss() -> None:
+    reset_peak_gpu_memory()  # the GPU's peak is counted over the same span
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -332,6 +335,7 @@ def run_bench(
                     ">= 0.85",
                     _peak_rss_mib(),
                     f"{tokens} tokens in {len(recorder.calls)} generate calls; {collector_s:.1f} s vs {raw_s:.1f} s",
+                    peak_gpu_memory(),
                 )
             )
 
@@ -354,6 +358,7 @@ def run_bench(
                 ">= 5",
                 _peak_rss_mib(),
                 f"{len(work.tasks)} episodes; {collector_s:.1f} s vs {naive_s:.1f} s",
+                peak_gpu_memory(),
             )
         )
 
@@ -373,6 +378,7 @@ def run_bench(
                 "<= 1.5",
                 _peak_rss_mib(),
                 "per turn: " + " ".join(f"{c:.1f}" for c in costs),
+                peak_gpu_memory(),
             )
         )
 
@@ -411,7 +417,7 @@ def run_backend_bench(
     transformers first, since vLLM's CPU worker binds this process's threads when its engine starts."""
     act, rehearse = rollout_sampling(max_new_tokens, temperature=1.0)
     workloads = _workloads(domain, episodes, rehearsal_episodes, act_turns, seed)
-    runs: dict[str, list[tuple[float, str, float]]] = {}
+    runs: dict[str, list[tuple[float, str, float, float | None]]] = {}
     for name in ("transformers", backend):
         log(f"[{name}] loading the model (a vLLM engine compiles on its first start) ...")
         policy = make_policy(model, backend=name)
@@ -432,11 +438,11 @@ def run_backend_bench(
             if hits is not None:
                 hit, queried = (b - a for a, b in zip(hits, _prefix_cache_counts(policy) or hits, strict=True))
                 note += f", its prefix cache served {hit / max(queried, 1):.0%} of {queried:,} prompt tokens"
-            runs[name].append((tokens / seconds, note, _peak_rss_mib()))
+            runs[name].append((tokens / seconds, note, _peak_rss_mib(), peak_gpu_memory()))
     return [
         Measure(
             f"{backend} vs transformers: {work.label}", f"{ours[0]:.1f} tok/s", f"{theirs[0]:.1f} tok/s",
-            ours[0] / theirs[0], "", ours[2], f"{theirs[1]}; {ours[1]}",
+            ours[0] / theirs[0], "", ours[2], f"{theirs[1]}; {ours[1]}", ours[3],
         )  # fmt: skip
         for work, ours, theirs in zip(workloads, runs[backend], runs["transformers"], strict=True)
     ]
@@ -451,11 +457,15 @@ def _prefix_cache_counts(policy: Any) -> tuple[int, int] | None:
 
 def format_table(measures: list[Measure], header: str = "") -> str:
     lines = [header] if header else []
-    lines.append("| measure | ours | baseline | ratio | target | peak RSS (MiB) | notes |")
-    lines.append("|---|---|---|---|---|---|---|")
+    gpu = any(m.peak_gpu_mib is not None for m in measures)  # a GPU column only where CUDA was in use
+    lines.append("| measure | ours | baseline | ratio | target | peak RSS (MiB) |" + (" peak GPU (MiB) |" if gpu else "")
+                 + " notes |")  # fmt: skip
+    lines.append("|---|---|---|---|---|---|" + ("---|" if gpu else "") + "---|")
     for m in measures:
+        peak_gpu = (" - |" if m.peak_gpu_mib is None else f" {m.peak_gpu_mib:,.0f} |") if gpu else ""
         lines.append(
-            f"| {m.name} | {m.ours} | {m.baseline} | {m.ratio:.2f} | {m.target} | {m.peak_mib:,.0f} | {m.note} |"
+            f"| {m.name} | {m.ours} | {m.baseline} | {m.ratio:.2f} | {m.target} | {m.peak_mib:,.0f} |{peak_gpu} "
+            f"{m.note} |"
         )
     return "\n".join(lines)
 

@@ -32,6 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..training.memory import peak_gpu_memory
 from .bench import Measure
 
 DEFAULT_SFT_STEPS = 4
@@ -39,6 +40,7 @@ DEFAULT_SFT_STEPS = 4
 
 # -- workers (each runs in its own process) --------------------------------------------------------------
 def _peak_rss_mib() -> float:
+    """The worker's peak resident memory, MiB (beside it, ``peak_gpu``: training.memory.peak_gpu_memory)."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmHWM:"):
@@ -70,7 +72,8 @@ def _sft_worker(spec: dict[str, Any]) -> dict[str, Any]:
             dtype="float32", gradient_accumulation_steps=accumulate,
         )  # fmt: skip
     seconds = next(h["train_runtime"] for h in trainer.state.log_history if "train_runtime" in h)
-    return {"seconds": seconds, "trained": trained, "rows": len(used), "tokens": encoded_plain, "peak": _peak_rss_mib()}
+    return {"seconds": seconds, "trained": trained, "rows": len(used), "tokens": encoded_plain, "peak": _peak_rss_mib(),
+            "peak_gpu": peak_gpu_memory()}  # fmt: skip
 
 
 def _grpo_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +105,8 @@ def _grpo_worker(spec: dict[str, Any]) -> dict[str, Any]:
         loss.backward()
     seconds = time.perf_counter() - start
     encoded = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    return {"seconds": seconds, "trained": trained, "rows": len(rows), "tokens": encoded, "peak": _peak_rss_mib()}
+    return {"seconds": seconds, "trained": trained, "rows": len(rows), "tokens": encoded, "peak": _peak_rss_mib(),
+            "peak_gpu": peak_gpu_memory()}  # fmt: skip
 
 
 def _worker_main(argv: list[str]) -> None:
@@ -278,6 +282,7 @@ def _sft_measures(run, spec, tasks, steps, batch_sizes, plain_rows, log) -> list
                 ours["peak"],
                 f"{ours['rows']} rows, {ours['trained']} trained of {ours['tokens']} tokens; {_seconds(ours)} vs "
                 f"{_seconds(plain)}; plain peak {plain.get('peak', float('nan')):,.0f} MiB",
+                peak_gpu_mib=ours.get("peak_gpu"),
             )  # fmt: skip
         )
         if batch == batch_sizes[0]:
@@ -292,6 +297,7 @@ def _sft_measures(run, spec, tasks, steps, batch_sizes, plain_rows, log) -> list
                     "peak <= 4,096 MiB",
                     ckpt["peak"],
                     f"{_seconds(ckpt)} vs {_seconds(ours)}",
+                    peak_gpu_mib=ckpt.get("peak_gpu"),
                 )  # fmt: skip
             )
     return out
@@ -316,6 +322,7 @@ def _grpo_measures(run, spec, log) -> list[Measure]:
                 ours["peak"],
                 f"{ours['rows']} rows, {ours['trained']} trained of {ours['tokens']} tokens; {_seconds(ours)} vs "
                 f"{_seconds(plain)}; padded peak {plain.get('peak', float('nan')):,.0f} MiB",
+                peak_gpu_mib=ours.get("peak_gpu"),
             )  # fmt: skip
         )
     pairs = (
@@ -333,6 +340,7 @@ def _grpo_measures(run, spec, log) -> list[Measure]:
                 "<= 1.3",
                 sep["peak"],
                 f"{sep['trained']} vs {real['trained']} trained tokens",
+                peak_gpu_mib=sep.get("peak_gpu"),
             )  # fmt: skip
         )
     return out
@@ -355,6 +363,7 @@ def _dtype_measures(run, spec, tokens, log) -> list[Measure]:
             "> 1 to use it",
             b16["peak"],
             f"this CPU has {native}: `--dtype auto` picks {auto}",
+            peak_gpu_mib=b16.get("peak_gpu"),
         )  # fmt: skip
     ]
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from ..episode.config import EpisodeSettings, setting
 from ..errors import EnvACEError
+from ..policy.device import default_device, place
 from ..policy.precision import DTYPES, dtype_name, resolve_dtype
 from .experiment_report import format_results, plot_learning_curves
 from .workers import print_now, worker_init
@@ -253,7 +254,8 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
         "command": command_line(config),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, Python {sys.version.split()[0]}",
         "config": asdict(config),
-        "dtype": dtype_name(resolve_dtype(config.dtype)),
+        "dtype": dtype_name(_compute_dtype(config)),
+        "device": str(default_device()),  # where the models ran: the GPU when there is one, or $ENVACE_DEVICE
         "backend": config.backend,
         "max_new_tokens": budget,
         "records": [r for by_seed in records.values() for r in by_seed.values()],
@@ -287,15 +289,21 @@ def _run_stage(
     elif condition == "sft":
         record = _sft_stage(config, domain, start, stage, seed, log)
         policy = _policy(config, str(stage / "final"))
-        record.update(_evaluate(config, domain, policy, budget))
-        if config.val_tasks:
-            record.update(group_spread(config, domain, policy, budget, seed))
+        try:
+            record.update(_evaluate(config, domain, policy, budget))
+            if config.val_tasks:
+                record.update(group_spread(config, domain, policy, budget, seed))
+        finally:
+            _release(policy)
     else:
         record = _rl_stage(config, domain, out / f"seed-{seed}" / "sft", stage, seed, condition, budget, log)
     # wall clock of the whole stage (evaluations included), Unix seconds: when stages ran side by side; the
-    # process's peak resident memory so far (with --workers, a fresh process per stage: the stage's own peak)
+    # process's peak resident memory so far (with --workers, a fresh process per stage: the stage's own peak), and
+    # beside it the peak GPU memory of torch's tensors so far (None without CUDA)
+    from ..training.memory import peak_gpu_memory
+
     record.update(condition=condition, seed=seed, domain=domain.id, started=started, ended=time.time(),
-                  process_peak_rss_gib=_peak_rss_gib())  # fmt: skip
+                  process_peak_rss_gib=_peak_rss_gib(), process_peak_gpu_gib=peak_gpu_memory(2**30))  # fmt: skip
     (stage / "record.json").write_text(json.dumps(record, indent=2))
     log(f"[seed {seed}] {condition}: success {record['success']:.3f} (greedy), "
         f"{record['success_sampled']:.3f} (sampled)")  # fmt: skip
@@ -496,10 +504,12 @@ def _rl_stage(
     if config.gradient_checkpointing:
         enable_checkpointing(policy.model)
     # on vLLM: one engine plays the rollouts and the evaluations (the trainer's weights loaded into it after
-    # every step), and the frozen simulator is an engine of its own, never loaded again
-    engine = _engine(config, str(sft / "final")) if config.backend == "vllm" else None
+    # every step), and the frozen simulator is an engine of its own, never loaded again; on a GPU each takes its
+    # share of the memory the trainer leaves (engine_share)
+    share = engine_share(condition)
+    engine = _engine(config, str(sft / "final"), share) if config.backend == "vllm" else None
     if settings.get("frozen_simulator"):
-        simulator = _load(str(sft / "final"), None) if engine is None else _engine(config, str(sft / "final"))
+        simulator = _load(str(sft / "final"), None) if engine is None else _engine(config, str(sft / "final"), share)
     else:
         simulator = None
     generator = policy if engine is None else engine
@@ -529,10 +539,13 @@ def _rl_stage(
         if step % config.eval_every == 0 or step == config.rl_steps:
             evaluate_now(step)
 
-    history = train(
-        policy, trainer, progress, checkpoint=stage / "checkpoint.pt", checkpoint_every=1,
-        on_checkpoint=at_checkpoint, simulator=simulator, engine=engine,
-    )  # fmt: skip
+    try:
+        history = train(
+            policy, trainer, progress, checkpoint=stage / "checkpoint.pt", checkpoint_every=1,
+            on_checkpoint=at_checkpoint, simulator=simulator, engine=engine,
+        )  # fmt: skip
+    finally:  # the next stage's engines start in this process (workers=1): this stage's go first
+        _release(engine, simulator)
     policy.model.save_pretrained(stage / "final")
     policy.tokenizer.save_pretrained(stage / "final")
     (stage / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
@@ -554,21 +567,55 @@ def _zero_std_groups(step: dict[str, Any]) -> int:
     return round(step[metrics.ZERO_STD] * step[metrics.GROUPS]) if step[metrics.GROUPS] else 0
 
 
-def _load(path: str, train_layers: int | None) -> Any:
+def _load(path: str, train_layers: int | None, device: str | None = None) -> Any:
+    """The model at ``path`` as a policy, on ``device`` (:func:`~envace_gym.policy.device.default_device`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..policy.transformers import TransformersPolicy
     from ..training.options import train_top_layers
 
-    model = train_top_layers(AutoModelForCausalLM.from_pretrained(path), train_layers)
+    model = train_top_layers(place(AutoModelForCausalLM.from_pretrained(path), device), train_layers)
     return TransformersPolicy(model, AutoTokenizer.from_pretrained(path))
 
 
-def _engine(config: ExperimentConfig, path: str) -> Any:
-    """A vLLM engine over the model at ``path``, in the experiment's compute dtype (the trainer's)."""
+def _compute_dtype(config: ExperimentConfig) -> Any:
+    """The compute dtype, ``auto`` resolved for the device the models run on (not the host CPU)."""
+    return resolve_dtype(config.dtype, default_device())
+
+
+def engine_share(condition: str) -> float:
+    """On a GPU, each vLLM engine's ``gpu_memory_utilization`` in a stage of ``condition``: an RL stage holds the
+    trainer's model and its rollout engine (and a frozen simulator's engine), an evaluation stage (``base``,
+    ``sft`` after training, whose model is gone by then) one engine alone. Engines never outlive their stage."""
+    from ..policy.vllm import gpu_memory_share
+
+    engines = 1 + bool(RL_CONDITIONS.get(condition, {}).get("frozen_simulator"))
+    return gpu_memory_share(engines, trainer=condition in RL_CONDITIONS)
+
+
+def _engine(config: ExperimentConfig, path: str, share: float | None = None) -> Any:
+    """A vLLM engine over the model at ``path``, in the experiment's compute dtype (the trainer's), taking
+    ``share`` of the GPU's memory (on a GPU; default: an engine alone)."""
     from ..policy.vllm import VLLMPolicy
 
-    return VLLMPolicy(path, dtype=dtype_name(resolve_dtype(config.dtype)), seed=0)
+    _empty_gpu_cache()  # memory torch freed (an SFT model) is free for the engine to take
+    share = engine_share("base") if share is None else share
+    return VLLMPolicy(path, dtype=dtype_name(_compute_dtype(config)), seed=0, gpu_memory_utilization=share)
+
+
+def _release(*policies: Any) -> None:
+    """Shut down the vLLM engines among ``policies`` (their GPU memory goes back before the next engine)."""
+    for policy in policies:
+        if hasattr(policy, "release"):
+            policy.release()
+    _empty_gpu_cache()
+
+
+def _empty_gpu_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 _EVAL_KEYS = ("success", "mean_reward", "success_sampled", "mean_reward_sampled", "valid_real_calls_per_episode",
@@ -620,11 +667,15 @@ def _evaluate(
         where = {"split": "validation", "tasks": _validation_tasks(config, domain)}
     else:
         where = {"split": "test", "num_tasks": config.eval_tasks}
-    greedy = evaluate(policy, domain, **where, max_new_tokens=budget, fidelity=fidelity, **played)
-    sampled = evaluate(
-        policy, domain, **where, max_new_tokens=budget, temperature=config.eval_temperature,
-        top_p=config.eval_top_p, seed=config.eval_seed, fidelity=False, **played,
-    )  # fmt: skip
+    try:
+        greedy = evaluate(policy, domain, **where, max_new_tokens=budget, fidelity=fidelity, **played)
+        sampled = evaluate(
+            policy, domain, **where, max_new_tokens=budget, temperature=config.eval_temperature,
+            top_p=config.eval_top_p, seed=config.eval_seed, fidelity=False, **played,
+        )  # fmt: skip
+    finally:
+        if isinstance(model, str):  # an engine started here goes with the evaluation
+            _release(policy)
     return {
         "success": greedy.success_rate,
         "mean_reward": greedy.mean_reward,

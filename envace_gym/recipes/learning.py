@@ -64,6 +64,7 @@ def learning_check(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..domains.registry import make_domain
+    from ..policy.device import place
     from ..policy.transformers import TransformersPolicy
     from ..training import metrics
     from ..training.sft import sft_steps, tiny_start_model
@@ -79,7 +80,7 @@ def learning_check(
     # At a constant 1e-3 the color preference ends wherever the last few batches pushed it (validation success
     # 0.03 to 0.84 over three seeds, measured); steps at a tenth of the rate settle it near the demonstrators' mix.
     sft_steps(sft, households, sft, tasks=SFT_TASKS, steps=SETTLE_STEPS, learning_rate=SETTLE_LR, seed=seed + 1)
-    policy = TransformersPolicy(AutoModelForCausalLM.from_pretrained(sft), AutoTokenizer.from_pretrained(sft))
+    policy = TransformersPolicy(place(AutoModelForCausalLM.from_pretrained(sft)), AutoTokenizer.from_pretrained(sft))
     sft_seconds = time.perf_counter() - started
     before = held_out_success(policy, domain)
     say(f"seed {seed}: after SFT ({sft_seconds:.0f} s) held-out success {before:.3f}")

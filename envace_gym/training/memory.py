@@ -1,4 +1,5 @@
-"""Process memory on Linux: let glibc give large freed blocks back to the operating system.
+"""Process memory on Linux: let glibc give large freed blocks back to the operating system; and the GPU memory
+recorded beside the resident memory (:func:`peak_gpu_memory`).
 
 glibc serves a large allocation with its own mapping only above a threshold that it *raises* each time such a
 block is freed, so after the first training step most activations come from the heap, and what a step frees
@@ -30,4 +31,31 @@ def return_freed_memory(threshold: int = LOW_THRESHOLD) -> bool:
     return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
 
 
-__all__ = ["return_freed_memory"]
+def _cuda_in_use() -> bool:
+    """CUDA is in use in this process: torch sees a device and has initialised it (something ran there)."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def peak_gpu_memory(unit: int = 2**20) -> float | None:
+    """The most GPU memory torch's allocator has held for tensors on the current device since the process started
+    or :func:`reset_peak_gpu_memory`, in ``unit`` bytes (MiB by default; ``2**30`` for GiB); ``None`` when this
+    process uses no CUDA device. (``torch.cuda.max_memory_allocated``: tensors only, not the allocator's cache nor
+    the CUDA context, so below what ``nvidia-smi`` shows.)"""
+    if not _cuda_in_use():
+        return None
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / unit, 2)
+
+
+def reset_peak_gpu_memory() -> None:
+    """Start :func:`peak_gpu_memory`'s count afresh (a no-op without CUDA in use)."""
+    if _cuda_in_use():
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
+__all__ = ["peak_gpu_memory", "reset_peak_gpu_memory", "return_freed_memory"]

@@ -223,7 +223,7 @@ def token_scores(
 # ----------------------------------------------------------------------------------------------------
 # Which models can take the mask
 # ----------------------------------------------------------------------------------------------------
-_SUPPORT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SUPPORT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compute dtype or None: reason}
 
 
 def unwrap(model: Any) -> Any:
@@ -381,48 +381,99 @@ def _mask_for(model: Any, tree: PrefixTree, device: torch.device) -> torch.Tenso
     return _dense_mask(tree, dtype, device)
 
 
-def packing_support(model: Any) -> str | None:
+def packing_support(model: Any, compute_dtype: torch.dtype | None = None) -> str | None:
     """``None`` when ``model`` gives the same log-probabilities packed as plain, else the reason it cannot.
 
     Checks the configuration, then compares both forwards on a small probe (two rows sharing a prefix and
-    diverging right after it, one row sharing nothing) once per model; a reason is logged the first time."""
+    diverging right after it, one row sharing nothing) once per model and compute dtype; a reason is logged the
+    first time. ``compute_dtype`` is the dtype the forwards will run in under autocast (default: the ambient
+    autocast's, where one is on for the model's device, else the model's own): the probe then also runs in it
+    (see :func:`_probe`)."""
     model = unwrap(model)
+    if compute_dtype is None:
+        compute_dtype = _ambient_autocast(model)
     try:
-        return _SUPPORT[model]
+        return _SUPPORT[model][compute_dtype]
     except (KeyError, TypeError):
         pass
     reason = _config_reason(model)
     if reason is None:
-        reason = _probe(model)
+        reason = _probe(model, compute_dtype)
     if reason is not None:
         logger.warning("envace-gym: shared-prefix packing is off for this model (%s); using the plain forward", reason)
     try:
-        _SUPPORT[model] = reason
+        _SUPPORT.setdefault(model, {})[compute_dtype] = reason
     except TypeError:
         pass
     return reason
 
 
-def _probe(model: Any) -> str | None:
+def _ambient_autocast(model: Any) -> torch.dtype | None:
+    """The autocast dtype in force for the model's device, or ``None`` when autocast is off there."""
+    try:
+        device_type = _device(model).type
+    except StopIteration:  # no parameters: nothing runs in another dtype
+        return None
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+_HALF = (torch.bfloat16, torch.float16)
+EXACT_TOLERANCE = 1e-3  # packed vs plain in float32: the same sums in another order
+HALF_TOLERANCE = 5e-2  # the least tolerance in a half dtype (its rounding alone, 8 bits of mantissa in bfloat16)
+NOISE_FACTOR = 4  # in a half dtype, packed vs plain may differ by this many times its rounding noise
+
+
+def probe_tolerance(dtype: torch.dtype, noise: float = 0.0) -> float:
+    """How far packed and plain log-probabilities may be apart on the probe when the forwards run in ``dtype``:
+    float32's rounding, or in a half dtype ``NOISE_FACTOR`` times ``noise`` (how far the plain forward in that
+    dtype lies from the float32 one: the rounding of the model at hand) and at least ``HALF_TOLERANCE``."""
+    if dtype in _HALF:
+        return max(HALF_TOLERANCE, NOISE_FACTOR * noise)
+    return EXACT_TOLERANCE
+
+
+def _probe(model: Any, compute_dtype: torch.dtype | None = None) -> str | None:
+    """Packed against plain on a small probe: first in the model's own dtype (autocast off), where a float32
+    model must agree to float32 rounding, so that a layout mismatch cannot hide in a looser tolerance; then, when
+    the forwards will run under autocast to a half dtype (``compute_dtype``, e.g. bfloat16 training on a GPU),
+    in that dtype too, within its own rounding (:func:`probe_tolerance`): a kernel that takes the mask in float32
+    but not in bfloat16 switches packing off, bfloat16's rounding does not."""
     vocab = int(getattr(_text_config(model), "vocab_size", 64))
     ids = [x % vocab for x in (11, 23, 5, 17, 29, 3, 31, 7, 13, 19, 2, 37)]
     prompts = [ids[:6], ids[:6], ids[6:9]]
     completions = [ids[6:10], ids[9:12], ids[1:5]]
+    own = next(model.parameters()).dtype
+    device_type = _device(model).type
+    half = compute_dtype if compute_dtype in _HALF and compute_dtype != own else None
     was_training = model.training
     model.eval()
-    try:  # in the model's own dtype: an ambient autocast would blur the comparison
-        with torch.no_grad(), torch.autocast(_device(model).type, enabled=False):
+    try:
+        with torch.no_grad(), torch.autocast(device_type, enabled=False):  # an ambient autocast would blur it
             plain = plain_scores(model, prompts, completions).logprobs
             packed = _packed_scores(model, prompts, completions, 1.0, budget=1 << 30).logprobs
+        if half is not None:
+            with torch.no_grad(), torch.autocast(device_type, dtype=half):
+                plain_half = plain_scores(model, prompts, completions).logprobs
+                packed_half = _packed_scores(model, prompts, completions, 1.0, budget=1 << 30).logprobs
     except Exception as exc:  # a forward that rejects the mask or the position ids
         return f"its forward rejected the packed inputs ({type(exc).__name__}: {exc})"
     finally:
         model.train(was_training)
-    worst = max(float((a - b).abs().max()) for a, b in zip(plain, packed, strict=True))
-    tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
-    if not worst <= tolerance:
+    worst = _farthest(plain, packed)
+    if not worst <= probe_tolerance(own):
         return f"packed and plain log-probabilities differ by {worst:.1e} on a probe"
+    if half is not None:
+        worst, noise = _farthest(plain_half, packed_half), _farthest(plain, plain_half)
+        if not worst <= probe_tolerance(half, noise):
+            return (
+                f"packed and plain log-probabilities differ by {worst:.1e} on a probe under {half} autocast (its "
+                f"rounding moves the plain ones by {noise:.1e})"
+            )
     return None
+
+
+def _farthest(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -458,17 +509,41 @@ def _packed_scores(
     # Several packs under autograd: each is recomputed in the backward pass, so memory holds one pack's
     # activations at a time (not needed with one pack, nor when the model checkpoints its own layers).
     recompute = len(packs) > 1 and torch.is_grad_enabled() and not checkpoints_layers(model)
+    forward, anchor = _ddp_safe(model)
     for pack in packs:
         tree = build_tree([rows[i] for i in pack], [len(prompts[i]) for i in pack])
         if recompute:
-            flat = checkpoint(_tree_flat, model, tree, temperature, use_reentrant=False)
+            flat = checkpoint(_tree_flat, forward, tree, temperature, use_reentrant=False)
         else:
-            flat = _tree_flat(model, tree, temperature)
+            flat = _tree_flat(forward, tree, temperature)
         for k, i in enumerate(pack):
             index = torch.as_tensor(tree.row_scores[k], device=flat[0].device)
             for column in range(3):
                 out[column][i] = flat[column][index]
+    if anchor is not None and rows:
+        out[0][0] = out[0][0] + anchor  # zero: it only joins the DDP forward's graph to the loss's
     return Scores(*out)
+
+
+def _ddp_safe(model: Any) -> tuple[Any, torch.Tensor | None]:
+    """What the packs run through, and a zero to add to the scores: under DDP, the inner module, plus one
+    forward of a single token through the DDP wrapper (when gradients are taken).
+
+    Every DDP forward is a collective (it broadcasts the buffers and prepares the gradient reducer), so one DDP
+    forward per pack, and again per recomputed pack in the backward pass, desynchronises ranks whose rows make
+    different numbers of packs (a hang, under gloo as under NCCL). The packs go through the inner module: no
+    collective, whatever their number. The gradient all-reduce still happens once, in the backward pass: DDP's
+    hooks sit on the parameters and fire whatever forward used them, once the reducer is prepared, which the one
+    forward through the wrapper does on every rank alike (and under ``no_sync()`` leaves undone, as DDP would)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return model, None
+    if not torch.is_grad_enabled():  # no gradients to reduce; the buffers are the same on every rank
+        return model.module, None
+    token = torch.zeros((1, 1), dtype=torch.long, device=_device(model))
+    logits = model(input_ids=token, use_cache=False, logits_to_keep=1).logits
+    return model.module, logits.float().sum() * 0.0
 
 
 def plain_scores(

@@ -34,6 +34,7 @@ from ..episode.episode import Episode
 from ..episode.separate import rehearse_prompt
 from ..episode.start import start_episodes
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
+from ..policy.device import place
 from ..policy.precision import autocast, resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
 from .options import enable_checkpointing, train_top_layers
@@ -155,6 +156,7 @@ def sft_steps(
     log: Any = None,
     dtype: str | torch.dtype = "float32",
     gradient_checkpointing: bool = False,
+    device: str | torch.device | None = None,
 ) -> list[dict[str, float]]:
     """SFT in plain torch, the loop :mod:`envace_gym.training.trainer` uses for RL: ``steps`` AdamW steps at a
     constant rate, each on ``batch_size`` rows drawn (seeded) from the :func:`sft_rows` of the first ``tasks``
@@ -162,14 +164,16 @@ def sft_steps(
     log-likelihood of the completion tokens (shared-prefix forward). The model goes to ``output_dir``. With ``checkpoint`` (a file) the state is saved every ``checkpoint_every``
     steps and a cut-off run resumes from it. ``dtype`` ``"bfloat16"`` (or ``"auto"`` where the hardware has native
     bfloat16) runs the forward and backward under autocast; ``gradient_checkpointing`` recomputes each layer in the
-    backward pass (less memory, the same gradients). Returns one ``{"step", "loss"}`` per step."""
+    backward pass (less memory, the same gradients). The model trains on ``device`` (default:
+    :func:`~envace_gym.policy.device.default_device`, the GPU when there is one). Returns one ``{"step", "loss"}``
+    per step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .packing import completion_logprobs
 
     domains = [make_domain(d) for d in ([domain] if isinstance(domain, str | Domain) else domain)]
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model = place(AutoModelForCausalLM.from_pretrained(model_path), device)
     train_top_layers(model, train_layers)
     if gradient_checkpointing:
         enable_checkpointing(model)

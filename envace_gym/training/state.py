@@ -33,7 +33,9 @@ def load_state(
     (empty, and nothing restored, when there is no such file)."""
     if path is None or not Path(path).is_file():
         return []
-    state = torch.load(path, weights_only=False)  # our own file: it holds the numpy random state
+    # our own file: it holds the numpy random state. Read onto the CPU: a run saved on a GPU resumes anywhere (the
+    # model's and optimizer's load_state_dict copy each tensor to its parameter's device)
+    state = torch.load(path, weights_only=False, map_location="cpu")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     rng.bit_generator.state = state["rng"]
