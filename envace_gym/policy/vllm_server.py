@@ -32,9 +32,13 @@ instead. Its NCCL weight transfer is what the TRL integration uses on CUDA (docs
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -88,7 +92,6 @@ class VLLMServerPolicy:
         self.stop_ids = stop_token_ids(tokenizer)
         self.prompt_tokens = 0  # prompt tokens sent, and those the servers' prefix caches served (when reported)
         self.cached_prompt_tokens = 0
-        self._local = threading.local()  # a requests session per thread (a Session is not made for sharing)
         self._lock = threading.Lock()
         self._in_flight = dict.fromkeys(self.urls, 0)
         self._turn = 0
@@ -109,52 +112,44 @@ class VLLMServerPolicy:
 
     # --- HTTP ---------------------------------------------------------------------------------------------------
 
-    def _session(self) -> Any:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            import requests
-
-            session = self._local.session = requests.Session()
-        return session
-
-    def _call(self, url: str, method: str, path: str, what: str, **kwargs: Any) -> Any:
-        """One request to one server, its answer's JSON (``None`` for an empty body); any failure is one
-        :class:`ServerError` naming the server."""
-        import requests
-
+    def _call(self, url: str, method: str, path: str, what: str, body: Any = None, timeout: float | None = None) -> Any:
+        """One request to one server (``body`` sent as JSON), its answer's JSON (``None`` for an empty body); any
+        failure is one :class:`ServerError` naming the server. (The standard library's HTTP: no dependency.)"""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
-            response = self._session().request(method, url + path, timeout=self.request_timeout, **kwargs)
-        except requests.RequestException as exc:
+            with urllib.request.urlopen(request, timeout=timeout or self.request_timeout) as response:
+                status, text = response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            status, text = exc.code, exc.read()
+        except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out (URLError is an OSError)
+            reason = getattr(exc, "reason", None) or exc
             raise ServerError(
-                url, f"the vLLM server at {url} did not answer {what} ({type(exc).__name__}: {exc}); is it still "
+                url, f"the vLLM server at {url} did not answer {what} ({type(exc).__name__}: {reason}); is it still "
                 f"running? If not, {START_HINT}",
             ) from None  # fmt: skip
-        if response.status_code == 404 and path in ("/collective_rpc", "/server_info", "/reset_prefix_cache"):
+        shown = text.decode(errors="replace")
+        if status == 404 and path.split("?")[0] in ("/collective_rpc", "/server_info", "/reset_prefix_cache"):
             raise ServerError(
-                url, f"the vLLM server at {url} has no {path}: restart it with VLLM_SERVER_DEV_MODE=1 in its "
-                "environment (its development endpoints load new weights)",
+                url, f"the vLLM server at {url} has no {path.split('?')[0]}: restart it with VLLM_SERVER_DEV_MODE=1 in "
+                "its environment (its development endpoints load new weights)",
             )  # fmt: skip
-        if response.status_code != 200:
-            raise ServerError(
-                url, f"the vLLM server at {url} answered {what} with HTTP {response.status_code}: "
-                f"{response.text[:500]}",
-            )  # fmt: skip
-        if not response.content:
+        if status != 200:
+            raise ServerError(url, f"the vLLM server at {url} answered {what} with HTTP {status}: {shown[:500]}")
+        if not text:
             return None
         try:
-            return response.json()
+            return json.loads(text)
         except ValueError:
-            raise ServerError(url, f"the vLLM server at {url} answered {what} with no JSON: {response.text[:200]!r}") from None
+            raise ServerError(url, f"the vLLM server at {url} answered {what} with no JSON: {shown[:200]!r}") from None
 
     def _wait_until_up(self, url: str, timeout: float) -> None:
-        import requests
-
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if self._session().get(url + "/health", timeout=10).status_code == 200:
-                    return
-            except requests.RequestException:
+                self._call(url, "GET", "/health", "a health check", timeout=10)
+                return
+            except ServerError:
                 pass
             if time.monotonic() >= deadline:
                 raise ServerError(url, f"no vLLM server answered at {url}/health within {timeout:g} s; {START_HINT}")
@@ -171,7 +166,7 @@ class VLLMServerPolicy:
         server's unless ``url`` names one. (TRL's ``VLLMClient`` has the same method; TRL's trainer reads the
         server's ``logprobs_mode`` from it.)"""
         url = url or self.urls[0]
-        info = self._call(url, "GET", "/server_info", "its settings", params={"config_format": "json"}) or {}
+        info = self._call(url, "GET", "/server_info?config_format=json", "its settings") or {}
         return info.get("vllm_config") or {}
 
     def _check_logprobs_mode(self, url: str) -> None:
@@ -219,7 +214,7 @@ class VLLMServerPolicy:
     def _complete(self, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         url = self._pick()
         try:
-            return url, self._call(url, "POST", "/v1/completions", "a completion request", json=payload) or {}
+            return url, self._call(url, "POST", "/v1/completions", "a completion request", payload) or {}
         finally:
             with self._lock:
                 self._in_flight[url] -= 1
@@ -281,7 +276,7 @@ class VLLMServerPolicy:
 
         def reload(url: str) -> None:
             body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
-            self._call(url, "POST", "/collective_rpc", f"a weight reload from {path}", json=body)
+            self._call(url, "POST", "/collective_rpc", f"a weight reload from {path}", body)
             done = self._call(url, "POST", "/reset_prefix_cache", "a prefix-cache reset") or {}
             if done.get("success") is False:
                 raise ServerError(url, f"the vLLM server at {url} could not drop its prefix cache after a reload")
