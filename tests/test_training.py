@@ -366,8 +366,9 @@ def test_vllm_settings_rollouts_cannot_honour_are_refused_by_name_before_any_eng
         )
     with pytest.raises(ValueError, match="vllm_mode must be 'colocate' or 'server', got 'remote'"):
         rollout_func(["units/train/000"], SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="remote")))
-    for setting, says in (({"vllm_tensor_parallel_size": 2}, "cannot shard a colocated engine"),
-                          ({"vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode=True is not supported")):  # fmt: skip
+    refused = (({"vllm_tensor_parallel_size": 2}, "cannot shard a colocated engine"),
+               ({"vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode=True is not supported"))  # fmt: skip
+    for setting, says in refused:
         for mode in ("colocate", "server"):
             with pytest.raises(ValueError, match=says):
                 envace_trl.EnvACEGRPOConfig(
@@ -392,7 +393,9 @@ def test_vllm_server_mode_without_a_server_fails_at_start_naming_its_url(tiny_pa
         vllm_server_timeout=1, per_device_train_batch_size=2, num_generations=2, **CPU,
     )  # fmt: skip
     with pytest.raises(ServerError, match=f"no vLLM server answered at {url}/health within 1 s") as raised:
-        envace_trl.EnvACEGRPOTrainer(model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path))
+        envace_trl.EnvACEGRPOTrainer(
+            model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path)
+        )
     assert raised.value.url == url
 
 

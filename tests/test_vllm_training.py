@@ -211,8 +211,8 @@ def _start_server(folder, log_path):
     env = {k: v for k, v in os.environ.items() if k not in rendezvous}
     env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1")
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
-            "--port", str(port), "--enable-prefix-caching", "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
-            "--max-model-len", "2048", "--seed", "0"]  # fmt: skip
+            "--port", str(port), "--enable-prefix-caching", "--dtype", "float32",
+            "--logprobs-mode", "processed_logprobs", "--max-model-len", "2048", "--seed", "0"]  # fmt: skip
     log = open(log_path, "w")  # noqa: SIM115 - the server writes to it until it stops
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

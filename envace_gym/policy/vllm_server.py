@@ -102,8 +102,8 @@ class VLLMServerPolicy:
         for url, card in cards.items():
             if card["id"] != self.model_name:
                 raise ServerError(
-                    url, f"the vLLM server at {url} serves {card['id']!r}, the one at {self.urls[0]} {self.model_name!r}: "
-                    "every server must serve the same model",
+                    url, f"the vLLM server at {url} serves {card['id']!r}, the one at {self.urls[0]} "
+                    f"{self.model_name!r}: every server must serve the same model",
                 )  # fmt: skip
         lengths = [int(c["max_model_len"]) for c in cards.values() if c.get("max_model_len")]
         self.max_context = int(max_context) if max_context is not None else min(lengths, default=2048)
@@ -116,7 +116,8 @@ class VLLMServerPolicy:
         """One request to one server (``body`` sent as JSON), its answer's JSON (``None`` for an empty body); any
         failure is one :class:`ServerError` naming the server. (The standard library's HTTP: no dependency.)"""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        request = urllib.request.Request(url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout or self.request_timeout) as response:
                 status, text = response.status, response.read()
@@ -225,7 +226,7 @@ class VLLMServerPolicy:
         if not prompts:
             return []
         payloads = [self._payload(p, params, i) for i, p in enumerate(prompts)]
-        pool = ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(payloads)), thread_name_prefix="vllm-server")
+        pool = ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(payloads)), thread_name_prefix="vllm")
         futures = [pool.submit(self._complete, p) for p in payloads]
         try:
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
@@ -250,7 +251,9 @@ class VLLMServerPolicy:
                 f"({type(exc).__name__}: {exc}); it needs vLLM >= 0.11 (return_token_ids)",
             ) from None  # fmt: skip
         if len(logprobs) != len(ids):
-            raise ServerError(url, f"the vLLM server at {url} returned {len(ids)} token ids but {len(logprobs)} log-probs")
+            raise ServerError(
+                url, f"the vLLM server at {url} returned {len(ids)} token ids but {len(logprobs)} log-probs"
+            )
         reason = choice.get("finish_reason")
         if reason not in ("stop", "length"):
             raise ServerError(url, f"the vLLM server at {url} ended a completion with finish_reason={reason!r}")

@@ -31,11 +31,12 @@ def refuse_vllm_settings(args: Any, what: str) -> None:
     if mode not in ("colocate", "server"):
         raise TrainingConfigError(f"{what}: vllm_mode must be 'colocate' or 'server', got {mode!r}")
     if getattr(args, "vllm_tensor_parallel_size", 1) != 1:
+        instead = " (in vllm_mode='server', start each server with --tensor-parallel-size instead)."
         raise TrainingConfigError(
             f"{what} cannot shard a colocated engine (vllm_tensor_parallel_size={args.vllm_tensor_parallel_size}): "
             "each process plays its own episodes, so the ranks of a tensor-parallel group would not generate "
             "together. Leave it at 1"
-            + (" (in vllm_mode='server', start each server with --tensor-parallel-size instead)." if mode == "server" else ".")
+            + (instead if mode == "server" else ".")
         )
     if getattr(args, "vllm_enable_sleep_mode", False):
         raise TrainingConfigError(

@@ -110,12 +110,12 @@ class ServerVLLMGeneration(VLLMGeneration):
             folder = write_checkpoint(self._weights_with_tied(), self._checkpoint_folder(), config)
             self.policy.reload_weights(folder)
         else:
-            for _ in self._iter_named_params():  # every process walks the parameters (TRL's rule: gathers are collective)
+            for _ in self._iter_named_params():  # every process walks them (TRL's rule: gathers are collective)
                 pass
         self.accelerator.wait_for_everyone()
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         raise TrainingConfigError(
-            "this trainer's vLLM servers generate world-rehearsal episodes (through its rollout policy) only; TRL's own "
-            "generation loop is not connected to them"
+            "this trainer's vLLM servers generate world-rehearsal episodes (through its rollout policy) only; "
+            "TRL's own generation loop is not connected to them"
         )
