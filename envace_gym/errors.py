@@ -124,5 +124,13 @@ class PolicyError(EnvACEError, RuntimeError):
     """The policy cannot be built or cannot generate what was asked."""
 
 
+class ServerError(PolicyError):
+    """A generation server (``vllm_mode="server"``) did not answer, or answered with an error: ``url`` names it."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
 class DefaultModelNotInstalledError(PolicyError, ImportError):
     """The package holding the embedded default model is missing."""

@@ -52,6 +52,8 @@ def test_the_scale_recipes_build_their_trainer_config(recipe, capsys):
     run("scale/train.py", "--config", str(EXAMPLES / "scale" / recipe), "--dry_run")
     out = capsys.readouterr().out
     assert "model Qwen/Qwen3-8B, domain bank, 470 steps, G=4" in out and "the config builds" in out
+    if recipe == "server.yaml":
+        assert "vllm_mode server ['http://gpu-node-2:8000', 'http://gpu-node-3:8000']" in out
 
 
 @pytest.mark.parametrize("launch", ["fsdp2.yaml", "zero3.yaml"])

@@ -149,3 +149,69 @@ def test_the_vllm_backend_is_refused_clearly_where_it_cannot_run():
     if importlib.util.find_spec("vllm") is None:  # here; tests/test_vllm.py covers the engine where it exists
         with pytest.raises(PolicyError, match=r"vLLM is not installed.*envace-gym\[vllm\]"):
             make_policy("vllm:some-org/some-model")
+
+
+def test_vllm_server_policy_spreads_requests_seeds_each_and_names_a_dead_server(tokenizer):
+    """VLLMServerPolicy against two stand-in servers (the routes and fields vLLM's OpenAI server answers with, no
+    vLLM here): each prompt is its own request with its own seed, spread over both servers, ids and log-probs
+    come back in order; a server that stops answering gives one ServerError naming it."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from envace_gym import ServerError
+    from envace_gym.policy import VLLMServerPolicy
+    from envace_gym.policy.vllm_server import request_seed
+
+    seen: list[tuple[int, dict]] = []
+
+    class Answer(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def _send(self, body, status=200):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                return self._send({})
+            if self.path == "/v1/models":
+                return self._send({"data": [{"id": "tiny", "max_model_len": 512}]})
+            self._send({"detail": "Not Found"}, 404)
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.server.server_port, request))
+            ids = [request["seed"] % 50 + 10, tokenizer.eos_token_id]  # ends on its end-of-turn id
+            self._send({"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.5, -0.25]},
+                                     "finish_reason": "stop"}]})  # fmt: skip
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Answer) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    urls = [f"http://127.0.0.1:{s.server_port}" for s in servers]
+    try:
+        policy = VLLMServerPolicy(urls, tokenizer, connect_timeout=5)
+        assert isinstance(policy, Policy) and policy.max_context == 512
+        gens = policy.generate([[1, 2, 3]] * 6, SamplingParams(max_new_tokens=8, seed=7))
+        seeds = [r["seed"] for _, r in seen]
+        assert len(set(seeds)) == 6  # the same prompt six times: six seeds
+        assert {port for port, _ in seen} == {s.server_port for s in servers}  # both servers served
+        assert all(r["prompt"] == [1, 2, 3] and r["return_token_ids"] and r["logprobs"] == 0 for _, r in seen)
+        # in order: the i-th generation is the answer to the i-th prompt's request (its seed, VLLMPolicy's derivation)
+        assert [g.completion_ids[0] for g in gens] == [request_seed(7, i) % 50 + 10 for i in range(6)]
+        assert all(g.logprobs == (-0.5, -0.25) and g.finish_reason == "stop" for g in gens)
+        servers[1].shutdown()
+        servers[1].server_close()
+        with pytest.raises(ServerError, match=f"the vLLM server at {urls[1]} did not answer") as raised:
+            policy.generate([[1, 2, 3]] * 4, SamplingParams(max_new_tokens=8, seed=8))
+        assert raised.value.url == urls[1]
+    finally:
+        servers[0].shutdown()
+        for server in servers:
+            server.server_close()

@@ -348,20 +348,60 @@ def test_trl_rollout_func_path(tiny_path, tmp_path):
     assert "rewards/envace_reward/mean" in trainer.state.log_history[0]
 
 
-def test_vllm_server_mode_is_refused_by_name_before_any_engine_or_rollout(tiny_path, tmp_path):
-    """Colocated vLLM trains (tests/test_vllm.py); trl vllm-serve cannot play episodes: refused, by name, before
-    any client connects (no server runs here) or any rollout is played."""
+def test_vllm_settings_rollouts_cannot_honour_are_refused_by_name_before_any_engine_or_rollout(tiny_path, tmp_path):
+    """Server mode builds (tests/test_vllm_training.py trains with it); what still cannot work is refused, by name,
+    before any client connects or any rollout is played: a sharded engine, sleep mode, an unknown mode."""
     from types import SimpleNamespace
 
-    with pytest.raises(ValueError, match="vllm_mode='server' \\(trl vllm-serve\\) is not supported.*colocate"):
-        envace_trl.EnvACEGRPOConfig(output_dir=str(tmp_path), domain="units", use_vllm=True, vllm_mode="server", **CPU)
+    args = envace_trl.EnvACEGRPOConfig(
+        output_dir=str(tmp_path), domain="units", use_vllm=True, vllm_mode="server",
+        vllm_server_base_urls=["http://127.0.0.1:1", "http://127.0.0.1:2/"], **CPU,
+    )  # fmt: skip
+    from envace_gym.integrations.trl.server_vllm import server_urls
+
+    assert server_urls(args) == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     rollout_func = envace_trl.make_rollout_func("units")
-    with pytest.raises(ValueError, match="make_rollout_func's rollouts generates with vLLM in vllm_mode='colocate'"):
-        rollout_func(["units/train/000"], SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="server")))
-    with pytest.raises(ValueError, match="cannot shard a colocated engine"):
-        envace_trl.EnvACEGRPOConfig(
-            output_dir=str(tmp_path), domain="units", use_vllm=True, vllm_tensor_parallel_size=2, **CPU
+    with pytest.raises(ValueError, match="make_rollout_func's rollouts cannot shard.*--tensor-parallel-size"):
+        rollout_func(
+            ["units/train/000"],
+            SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="server", vllm_tensor_parallel_size=2)),
         )
+    with pytest.raises(ValueError, match="vllm_mode must be 'colocate' or 'server', got 'remote'"):
+        rollout_func(["units/train/000"], SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="remote")))
+    for mode in ("colocate", "server"):
+        with pytest.raises(ValueError, match="cannot shard a colocated engine"):
+            envace_trl.EnvACEGRPOConfig(
+                output_dir=str(tmp_path), domain="units", use_vllm=True, vllm_mode=mode, vllm_tensor_parallel_size=2,
+                **CPU,
+            )  # fmt: skip
+    with pytest.raises(ValueError, match="sleep mode is a colocated engine's.*--enable-sleep-mode"):
+        envace_trl.EnvACEGRPOConfig(
+            output_dir=str(tmp_path), domain="units", use_vllm=True, vllm_mode="server", vllm_enable_sleep_mode=True,
+            **CPU,
+        )  # fmt: skip
+
+
+def test_vllm_server_mode_without_a_server_fails_at_start_naming_its_url(tiny_path, tmp_path):
+    """vllm_mode='server' with no server at the URL: one ServerError naming it, when the trainer starts (no vLLM
+    needed in this process: the package's client speaks HTTP)."""
+    import socket
+
+    from transformers import AutoTokenizer
+
+    from envace_gym import ServerError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    args = envace_trl.EnvACEGRPOConfig(
+        output_dir=str(tmp_path), domain="units", use_vllm=True, vllm_mode="server", vllm_server_base_url=url,
+        vllm_server_timeout=1, per_device_train_batch_size=2, num_generations=2, **CPU,
+    )  # fmt: skip
+    with pytest.raises(ServerError, match=f"no vLLM server answered at {url}/health within 1 s") as raised:
+        envace_trl.EnvACEGRPOTrainer(
+            model=tiny_path, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_path)
+        )
+    assert raised.value.url == url
 
 
 @pytest.mark.parametrize(

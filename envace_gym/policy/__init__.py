@@ -4,7 +4,7 @@
 generation from token ids, returning completion ids and per-token log-probabilities.
 :class:`TransformersPolicy` implements it over any causal LM from ``transformers`` (:mod:`.transformers`,
 with KV reuse across turns in :mod:`.sessions`), :class:`VLLMPolicy` over a vLLM engine (:mod:`.vllm`, the
-optional ``vllm`` extra); :func:`make_policy` builds one from whatever a user passes
+optional ``vllm`` extra), :class:`VLLMServerPolicy` over vLLM servers (:mod:`.vllm_server`); :func:`make_policy` builds one from whatever a user passes
 (:mod:`.factory`: ``None`` for the embedded default of :mod:`.default_model`, ``"tiny"`` for :mod:`.tiny`,
 a path or hub id, a ``(model, tokenizer)`` pair, or a Policy).
 
@@ -25,6 +25,7 @@ __getattr__ = lazy_exports(
     {
         "TransformersPolicy": ".transformers",
         "VLLMPolicy": ".vllm",
+        "VLLMServerPolicy": ".vllm_server",
         "check_model_source": ".transformers",
         "GenerationSession": ".sessions",
         "make_policy": ".factory",
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from .sessions import GenerationSession
     from .transformers import TransformersPolicy, check_model_source
     from .vllm import VLLMPolicy
+    from .vllm_server import VLLMServerPolicy
 
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "SamplingParams",
     "TransformersPolicy",
     "VLLMPolicy",
+    "VLLMServerPolicy",
     "check_model_source",
     "make_policy",
     "stop_token_ids",

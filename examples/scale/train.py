@@ -36,7 +36,8 @@ def settings(argv: list[str]) -> tuple[Script, EnvACEGRPOConfig]:
     ``--dry_run`` the settings that need an accelerator (bf16, vLLM, sleep mode) are turned off so it builds here."""
     first, _ = HfArgumentParser(Script).parse_args_into_dataclasses(argv, return_remaining_strings=True)
     given = yaml.safe_load(open(first.config)) if first.config else {}
-    flags = [f"--{k}={v}" for k, v in given.items()] + list(argv)
+    flags = [x for k, v in given.items() for x in ([f"--{k}", *map(str, v)] if isinstance(v, list) else [f"--{k}={v}"])]
+    flags += argv
     if first.dry_run:
         flags += [f"--{k}={v}" for k, v in DEVICE_SETTINGS_OFF.items()]
     return HfArgumentParser((Script, EnvACEGRPOConfig)).parse_args_into_dataclasses(flags)
@@ -49,7 +50,8 @@ def main(argv: list[str]) -> None:
     script, config = settings(argv)
     if script.dry_run:
         print(f"model {script.model}, domain {config.domain}, {config.max_steps} steps, G={config.num_generations}, "
-              f"vllm_mode {config.vllm_mode}: the config builds (for the check: {DEVICE_SETTINGS_OFF})")
+              f"vllm_mode {config.vllm_mode} {config.vllm_server_base_urls or ''}: the config builds "
+              f"(for the check: {DEVICE_SETTINGS_OFF})")  # fmt: skip
         return
     EnvACEGRPOTrainer(model=script.model, args=config).train()
 

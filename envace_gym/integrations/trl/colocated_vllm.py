@@ -1,6 +1,7 @@
 """Generating with TRL's colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``): what makes it train on
-vLLM's CPU backend too, the correction for sampling with other kernels than the trainer's, and the refusal of
-server mode for world-rehearsal rollouts."""
+vLLM's CPU backend too, the correction for sampling with other kernels than the trainer's, the settings
+world-rehearsal rollouts refuse, and, in server mode, the swap of TRL's server client for the package's
+(:mod:`.server_vllm`)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,27 @@ from ...policy.precision import dtype_name
 
 def refuse_vllm_settings(args: Any, what: str) -> None:
     """The vLLM settings rollouts cannot honour, refused by name. An episode is many generations from growing
-    token-id prompts, played in this process: ``trl vllm-serve`` answers one request at a time over HTTP and takes
-    new weights over NCCL (GPUs only); a tensor-parallel engine needs its ranks to generate together, and sleep
-    mode is honoured around the whole rollout batch (see :func:`~.trainer_policy.rollout_weights`)."""
-    if getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", "colocate") != "colocate":
-        raise TrainingConfigError(
-            f"{what} generates with vLLM in vllm_mode='colocate' only (an engine in this process, loaded with the "
-            f"trainer's weights once per optimizer step); vllm_mode={args.vllm_mode!r} (trl vllm-serve) is not "
-            "supported. Set vllm_mode='colocate', or use_vllm=False."
-        )
-    if getattr(args, "use_vllm", False) and getattr(args, "vllm_tensor_parallel_size", 1) != 1:
+    token-id prompts, played in this process: a colocated tensor-parallel engine needs its ranks to generate
+    together. Sleep mode is honoured around a step's whole rollout batch (:func:`.trainer_policy.rollout_weights`).
+    In server mode (:mod:`.server_vllm`) the servers' own flags say how they run."""
+    if not getattr(args, "use_vllm", False):
+        return
+    mode = getattr(args, "vllm_mode", "colocate")
+    if mode not in ("colocate", "server"):
+        raise TrainingConfigError(f"{what}: vllm_mode must be 'colocate' or 'server', got {mode!r}")
+    if getattr(args, "vllm_tensor_parallel_size", 1) != 1:
+        instead = " (in vllm_mode='server', start each server with --tensor-parallel-size instead)."
         raise TrainingConfigError(
             f"{what} cannot shard a colocated engine (vllm_tensor_parallel_size={args.vllm_tensor_parallel_size}): "
             "each process plays its own episodes, so the ranks of a tensor-parallel group would not generate "
-            "together. Leave it at 1."
+            "together. Leave it at 1"
+            + (instead if mode == "server" else ".")
+        )
+    if mode == "server" and getattr(args, "vllm_enable_sleep_mode", False):
+        raise TrainingConfigError(
+            f"{what}: sleep mode is a colocated engine's (it frees this process's GPU memory for the optimizer step); "
+            "vllm_enable_sleep_mode=True does nothing to a server. Leave it off, or start the servers with vLLM's "
+            "--enable-sleep-mode."
         )
 
 
@@ -160,16 +168,49 @@ def importance_sampling_ratio(
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
+@contextlib.contextmanager
+def _episode_servers(args: Any, plays_episodes: bool):
+    """In server mode, a trainer whose rollouts are world-rehearsal episodes gets
+    :class:`~.server_vllm.ServerVLLMGeneration` where TRL would build its own ``VLLMGeneration`` (whose client opens
+    an NCCL group, which raises off CUDA, and generates one TRL batch, not episodes): TRL's name for it is swapped
+    while the trainer starts."""
+    if not (plays_episodes and getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "server"):
+        yield
+        return
+    from trl.trainer import grpo_trainer
+
+    from .server_vllm import ServerVLLMGeneration, server_urls
+
+    built = grpo_trainer.VLLMGeneration
+    grpo_trainer.VLLMGeneration = functools.partial(
+        ServerVLLMGeneration, base_urls=server_urls(args), weights_dir=getattr(args, "vllm_server_weights_dir", None)
+    )
+    try:
+        yield
+    finally:
+        grpo_trainer.VLLMGeneration = built
+
+
 class ColocatedVLLMMixin:
     """For a ``GRPOTrainer`` subclass: ``use_vllm=True, vllm_mode="colocate"`` with the engine in the trainer's
     dtype (:func:`_engine_in_trainer_dtype`) on a port of its own (:func:`_own_master_port`), and on vLLM's CPU backend too, where TRL's engine would get no
     memory for its KV cache and TRL's weight sync fails (see :func:`_cpu_kv_cache` and
-    :func:`_sync_vllm_on_cpu`). Elsewhere TRL's own engine and sync, unchanged."""
+    :func:`_sync_vllm_on_cpu`). Elsewhere TRL's own engine and sync, unchanged. With ``vllm_mode="server"``, a
+    trainer that plays episodes (:meth:`_plays_episodes`) generates on vLLM servers (:func:`_episode_servers`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        config = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments.get("args")
+        arguments = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
+        config = arguments.get("args")
         _refuse_sleep_without_platform(config)
-        with _cpu_kv_cache(config), _engine_in_trainer_dtype(config), _own_master_port(config):
+        with (
+            _cpu_kv_cache(config), _engine_in_trainer_dtype(config), _own_master_port(config),
+            _episode_servers(config, self._plays_episodes(arguments)),
+        ):  # fmt: skip
             super().__init__(*args, **kwargs)
         _sync_vllm_on_cpu(self)
+
+    def _plays_episodes(self, arguments: dict[str, Any]) -> bool:
+        """Whether this trainer's rollouts are world-rehearsal episodes (a ``rollout_func``; always for
+        ``EnvACEGRPOTrainer``), which generate through a policy, not TRL's generation loop."""
+        return arguments.get("rollout_func") is not None
 

@@ -30,6 +30,23 @@ class EnvACEGRPOConfig(PackedGRPOConfig, EpisodeSettings):
     # Parameters that control the rollouts (and the episode settings EpisodeSettings declares)
     domain: str = field(default="bank", metadata={"help": "Domain to train on (name or folder)."})
 
+    # Parameters that control the vLLM servers (vllm_mode="server"; TRL's own vllm_server_* fields name one server)
+    vllm_server_base_urls: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Base URLs of several vLLM servers serving the model (e.g. http://host:8000), each request sent "
+            "to the one with the fewest in flight; overrides vllm_server_base_url/host/port."
+        },
+    )
+    vllm_server_weights_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder the trainer writes its weights to once per optimizer step for the servers to reload "
+            "(without NCCL: on a CPU, or with several servers); every server must read it at this same path. "
+            "Default: a temporary folder on this machine."
+        },
+    )
+
     # Parameters whose default values are overridden from GRPOConfig (the paper's objective)
     scale_rewards: str = field(default="none", metadata={"help": "No std normalization, as in the paper."})
     delta: float | None = field(default=3.0, metadata={"help": "Dual-clip bound for negative advantages."})

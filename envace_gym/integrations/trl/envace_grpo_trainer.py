@@ -65,6 +65,9 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
             **kwargs,
         )
 
+    def _plays_episodes(self, arguments: dict[str, Any]) -> bool:
+        return True  # every rollout is an episode: in vllm_mode="server" the servers serve its policy
+
     def _group_keys(self, batch: RolloutBatch) -> list[tuple[str, int]]:
         """Each episode's GRPO group: its task and which run of ``num_generations`` episodes of that task it is
         in, over the whole generation batch, so a task that appears twice in a batch makes two groups of G,

@@ -16,15 +16,13 @@ from ...rehearsal.prompt import RehearsalConfig, rollout_sampling
 
 def trainer_policy(trainer: Any) -> Policy:
     """The trainer's model (the weights being trained) as a Policy; cached per trainer. With ``use_vllm`` it is
-    TRL's colocated engine (which the trainer loads its weights into once per optimizer step). Otherwise the
-    model itself: with ``bf16`` it samples under the same autocast as the loss, so the recorded log-probs are the
-    ones the loss recomputes."""
+    TRL's colocated engine, or in ``vllm_mode="server"`` the servers (which the trainer loads its weights into
+    once per optimizer step). Otherwise the model itself: with ``bf16`` it samples under the same autocast as the
+    loss, so the recorded log-probs are the ones the loss recomputes."""
     if getattr(trainer.args, "use_vllm", False):
         policy = getattr(trainer, "_envace_policy", None)
         if policy is None:
-            from ...policy.vllm import VLLMPolicy
-
-            policy = VLLMPolicy.from_engine(trainer.vllm_generation.llm, trainer.processing_class)
+            policy = _vllm_policy(trainer)
             trainer._envace_policy = policy
         return policy
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -70,6 +68,22 @@ def rollout_weights(trainer: Any) -> Iterator[Policy]:
         gradient_checkpointing_kwargs=getattr(args, "gradient_checkpointing_kwargs", None),
     ):  # fmt: skip
         yield trainer_policy(trainer)
+
+
+def _vllm_policy(trainer: Any) -> Policy:
+    if getattr(trainer.args, "vllm_mode", "colocate") == "server":
+        policy = getattr(trainer.vllm_generation, "policy", None)  # the package's trainers: ServerVLLMGeneration's
+        if policy is None:  # TRL's own GRPOTrainer: its client syncs the weights (NCCL), the policy generates
+            from ...policy.vllm_server import VLLMServerPolicy
+            from .server_vllm import server_urls
+
+            policy = VLLMServerPolicy(
+                server_urls(trainer.args), trainer.processing_class, connect_timeout=trainer.args.vllm_server_timeout
+            )
+        return policy
+    from ...policy.vllm import VLLMPolicy
+
+    return VLLMPolicy.from_engine(trainer.vllm_generation.llm, trainer.processing_class)
 
 
 def trl_sampling(args: Any) -> tuple[SamplingParams, RehearsalConfig]:
