@@ -326,6 +326,34 @@ def test_fidelity_tells_copying_from_simulation():
     assert result.own_calls == 0  # its Act turns call nothing: no own call to rehearse
 
 
+def test_the_withheld_pass_keeps_the_answers_format_from_another_task():
+    """On a single-call domain, withholding a call's own result left its rehearse prompt with no execution at
+    all, so a rehearser that follows the format it is shown could not parse; with another task's execution of
+    the same tool shown in its place it writes the format (parse 1.0) and still cannot copy the answer."""
+    from envace_gym.evaluation import evaluate
+
+    prompts = []
+
+    def follower(prompt: str) -> str:
+        if "precise tool simulator" not in prompt:
+            return "I cannot tell."
+        prompts.append(prompt)
+        lines = prompt.splitlines()
+        shown = [lines[i + 1] for i in range(len(lines) - 1) if lines[i] == "<execution_result>"]
+        if not shown:
+            return "no idea\n</execution_result>"
+        return json.dumps(dict.fromkeys(json.loads(shown[0]), 0)) + "\n</execution_result>"  # the format, no data
+
+    bare = evaluate(ScriptedPolicy(follower), "units", "test", num_tasks=3, format_example=False)
+    assert bare.parsed == 1.0 and bare.parsed_withheld == 0.0  # nothing shown: nothing parsable
+    prompts.clear()
+    kept = evaluate(ScriptedPolicy(follower), "units", "test", num_tasks=3)
+    assert kept.parsed_withheld == 1.0 and kept.equal_to_real_withheld == 0.0 and kept.fields_withheld < 1.0
+    withheld = [p for p in prompts if "from another task" in p]
+    assert len(withheld) == 3  # the withheld pass's three rehearsals, one example each
+    assert all("Reference executions" not in p for p in withheld)  # the task's own result is still withheld
+
+
 def test_fidelity_rehearses_the_policys_own_calls():
     """The third pass rehearses the calls the policy itself makes (here 7 grams to kilograms, which no
     reference makes): a copier has nothing to copy, a simulator that runs the tool gets them right."""

@@ -118,6 +118,7 @@ def evaluate(
     progress: Progress = False,
     tasks: Sequence[Task] | None = None,
     trials: int = 1,
+    format_example: bool = True,
     **settings: Any,
 ) -> EvalResult:
     """Success rate on the first ``num_tasks`` tasks of ``split`` with real execution, plus rehearsal fidelity.
@@ -137,6 +138,9 @@ def evaluate(
     ``trials``: episodes per task in the success pass (each with its own seed): ``pass_k`` holds τ²-Bench's
     pass^1 .. pass^trials (:func:`pass_hat_k`; a masked episode is not one of its task's trials). Greedy acting
     against scripted users plays the same episode every trial.
+    ``format_example``: in the passes that withhold a call's own result, a tool left with no execution in the
+    references is shown one execution of it from another task (:func:`format_examples`), so that what they
+    measure is simulation, not whether the answer's format could be guessed; ``False``: nothing in its place.
     """
     user = settings.get("user", "scripted")
     if user == "rehearse":
@@ -200,7 +204,7 @@ def evaluate(
     )  # fmt: skip
     result.rehearsals, result.parsed, result.schema_ok = copying.rehearsals, copying.parsed, copying.schema_ok
     result.equal_to_real, result.fields = copying.equal, copying.fields
-    withheld = replace(rehearsal, withhold_own_result=True)
+    withheld = replace(rehearsal, withhold_own_result=True, format_examples=format_examples(dom, tasks) if format_example else ())
     simulation = _fidelity(
         policy, dom, tasks, withheld, seed,
         _pass_progress(progress, n * (trials + 1), total, "rehearsal fidelity (own results withheld)"),
@@ -215,6 +219,18 @@ def evaluate(
     result.own_calls, result.parsed_own_calls, result.equal_to_real_own_calls = own.rehearsals, own.parsed, own.equal
     result.fields_own_calls = own.fields
     return result
+
+
+def format_examples(domain: Domain, evaluated: Sequence[Task], scan: int = 50) -> tuple[tuple[ToolCall, Any], ...]:
+    """One reference execution per tool, from the first ``scan`` training tasks that are not ``evaluated``: the
+    answer's format for the withheld passes (another task's data, so nothing of the evaluated task leaks)."""
+    skip = {t.id for t in evaluated}
+    found: dict[str, tuple[ToolCall, Any]] = {}
+    for task in domain.tasks("train")[:scan]:
+        if task.id not in skip:
+            for call, result in task.reference_pairs():
+                found.setdefault(call.name, (call, result))
+    return tuple(found.values())
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,10 @@ class RehearsalConfig:
         include_reference: Show the task's reference executions (the paper's privileged context).
         withhold_own_result: Leave out of those references every execution of the very call being rehearsed, so
             its result cannot be copied: what fidelity measurements use to see simulation rather than recall.
+        format_examples: Executions from *other* tasks, ``(call, result)``. With ``withhold_own_result``, a call
+            whose tool has no execution left in the references is shown its tool's example, labelled as another
+            task's: the answer's format survives the withholding (a single-call task would otherwise leave the
+            prompt with no example at all), its data does not leak.
         max_history_chars: Keep at most this many characters of the conversation (oldest dropped first).
         returns_resamples: Extra attempts when a result fails the tool's ``returns`` schema.
         stop_at_close: End the generation at ``</execution_result>`` (the contract allows nothing after it).
@@ -57,6 +61,7 @@ class RehearsalConfig:
     prefill: bool = True
     include_reference: bool = True
     withhold_own_result: bool = False
+    format_examples: tuple[tuple[ToolCall, Any], ...] = ()
     max_history_chars: int = 6000
     returns_resamples: int = 0
     stop_at_close: bool = True
@@ -109,14 +114,18 @@ def rehearsal_messages(
     ``history`` is the conversation before the agent's latest turn; ``act_text`` is that turn, raw.
     """
     parts = ["# Candidate tools", "\n".join(_dump(t.to_openai()["function"]) for t in candidates)]
+    examples: list[tuple[ToolCall, Any]] = []
     if config.withhold_own_result:
         reference = [(c, r) for c, r in reference if call_key(c) != call_key(call)]
+        if not any(c.name == call.name for c, _ in reference):
+            examples = [(c, r) for c, r in config.format_examples if c.name == call.name][:1]
     if config.include_reference and reference:
         parts.append("# Reference executions (ground truth for this task)")
         # Shown in the very format the answer must take, so following the pattern is the easy path.
-        parts.append(
-            "\n\n".join(f"call: {_dump(c.to_json())}\n{RESULT_OPEN}\n{_dump(r)}\n{RESULT_CLOSE}" for c, r in reference)
-        )
+        parts.append(_executions(reference))
+    if config.include_reference and examples:
+        parts.append("# Example execution of this tool (from another task: its format, not this task's data)")
+        parts.append(_executions(examples))
     parts += ["# Conversation so far", _history(history, config.max_history_chars) or "(empty)"]
     parts += ["# Agent's latest turn", act_text.strip()]
     target = [f"schema of {call.name}: {_dump(schema.parameters)}"]
@@ -125,6 +134,10 @@ def rehearsal_messages(
     target.append(f"call: {_dump(call.to_json())}")
     parts += ["# Tool call to simulate", "\n".join(target)]
     return [{"role": "system", "content": REHEARSE_SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def _executions(pairs: Sequence[tuple[ToolCall, Any]]) -> str:
+    return "\n\n".join(f"call: {_dump(c.to_json())}\n{RESULT_OPEN}\n{_dump(r)}\n{RESULT_CLOSE}" for c, r in pairs)
 
 
 def rehearsal_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]], config: RehearsalConfig) -> str:
