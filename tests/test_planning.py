@@ -107,6 +107,29 @@ def test_select_commits_a_kept_rehearsals_first_turn_else_acts_plainly(word, pla
     assert info["private_rehearsal"]["real_calls"] == 1
 
 
+@pytest.mark.parametrize("good_first", [True, False])
+def test_outcome_commits_the_first_turn_of_the_best_imagined_outcome_and_writes_no_assessment(good_first):
+    """commit="outcome": of N=2 parallel rehearsals, one calls a tool that does not exist (an error, then an
+    answer a turn later), the other answers at once; the committed turn is the clean one's first turn, whichever
+    was imagined first, with no self-assessment asked for and no plain generation after the rehearsals."""
+    firsts = [ToolCall("no_such_tool", {}).to_text(), "Your balance is 120 dollars."]
+    firsts = firsts[::-1] if good_first else firsts
+
+    def acting(prompt: str) -> str:
+        if "precise tool simulator" in prompt or "<tool_response>" in prompt:
+            return responder(prompt)
+        return firsts.pop(0) if firsts else "unused"
+
+    policy = ScriptedPolicy(acting)
+    env = gym.make("EnvACE-Rehearsal-v0", domain="bank", policy=policy, executor="real")
+    agent = PrivateRehearsal(env, PlannerConfig(budget=2, mode="parallel", horizon=2, commit="outcome"))
+    agent.reset(options={"task": TASK.id})
+    assert agent.act().strip() == "Your balance is 120 dollars."
+    assert not firsts and not any(ASSESS_SYSTEM[:40] in p for p in policy.prompts)
+    assert not any("Rehearsal memory" in p for p in policy.prompts)
+    assert agent.planner.stats["kept_turns"] == 1
+
+
 def test_verdicts_are_read_from_the_last_line_that_gives_one():
     from envace_gym.rollout.planner import verdict
 

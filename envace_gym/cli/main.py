@@ -390,9 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--horizon", type=int, default=3, help="imagined Act turns per rehearsal")
     evaluate.add_argument(
-        "--commit", nargs="+", choices=["memory", "select"], default=["memory"],
-        help="how the committed turn follows the rehearsals: written with their memory before it, or the first "
-        "turn of the first rehearsal the policy's assessment kept (none kept: plain acting); several: a table",
+        "--commit", nargs="+", choices=["memory", "select", "outcome"], default=["memory"],
+        help="how the committed turn follows the rehearsals: written with their memory before it, the first "
+        "turn of the first rehearsal the policy's assessment kept (none kept: plain acting), or the first turn of "
+        "the rehearsal whose imagined outcome ranks best (an answer, fewer errors, fewer turns); several: a table",
     )  # fmt: skip
     evaluate.add_argument("--out", default=None, help="also write the result(s) as JSON")
     evaluate.set_defaults(func=_eval)

@@ -60,7 +60,7 @@ class EvalResult:
     real_calls: int = 0  # calls that reached the real executor (the committed ones)
     act_tokens: int = 0  # tokens of the committed Act turns
     rehearsal_tokens: int = 0  # tokens spent in private rehearsal (0 without a planner)
-    kept_turns: int = 0  # commit="select": committed turns taken from a rehearsal the policy kept
+    kept_turns: int = 0  # commit="select" / "outcome": committed turns taken from a rehearsal
     rehearsals: int = 0
     parsed: float = float("nan")
     schema_ok: float = float("nan")

@@ -88,7 +88,7 @@ def run_eval(
     if len(runs) == 1:
         print(format_result(runs[0][1]))
     else:
-        print(format_table(runs, model, select="select" in commit))
+        print(format_table(runs, model, select="select" in commit or "outcome" in commit))
     return runs
 
 

@@ -15,8 +15,11 @@ writes a short self-assessment with revision suggestions. Everything is condense
 a private note placed just before the committed Act turn, which then goes to the real executor
 (``commit="memory"``, the paper's description). ``commit="select"`` instead commits the first Act turn of the
 first rehearsal the policy's own assessment kept (``Verdict: keep``), and acts plainly when it kept none: the
-committed prompt never holds a memory, which a model not trained with one can be derailed by. ``budget=0`` is
-plain acting.
+committed prompt never holds a memory, which a model not trained with one can be derailed by.
+``commit="outcome"`` reads no verdict: it commits the first Act turn of the rehearsal whose imagined outcome
+ranks best (:func:`outcome_rank`: a final answer reached, then fewer tool errors, then fewer turns; the first
+on ties), and writes no self-assessment, so a model too small to judge its own attempts can still choose
+between them. ``budget=0`` is plain acting.
 
 Accounting: rehearsals never call the real executor (``ToolExecutor.calls_executed`` counts the calls that
 did), and every token generated in rehearsal is counted (:attr:`RehearsalPlanner.stats`).
@@ -41,7 +44,7 @@ from ..text import shorten
 
 SUMMARY_WIDTH = 160  # characters of a call, result or answer in a rehearsal's summary
 MODES = ("parallel", "sequential")
-COMMITS = ("memory", "select")
+COMMITS = ("memory", "select", "outcome")
 
 ASSESS_SYSTEM = (
     "You review an imagined attempt at a task, made before acting for real. Be brief and concrete: did the "
@@ -64,7 +67,8 @@ class PlannerConfig:
         memory_chars: Longest rehearsal memory (its oldest parts are cut first).
         commit: ``"memory"``: the committed turn is written with the memory before it; ``"select"``: it is
             the first Act turn of the first rehearsal whose assessment ends in ``Verdict: keep`` (none kept:
-            plain acting).
+            plain acting); ``"outcome"``: the first Act turn of the rehearsal whose imagined outcome ranks best
+            (:func:`outcome_rank`), no self-assessment written.
     """
 
     budget: int = 2
@@ -119,18 +123,26 @@ class RehearsalPlanner:
             return driver.generate([e.prompt_ids for e in episodes], self.act_sampling, keys)
         notes: list[list[str]] = [[] for _ in episodes]
         kept: list[Generation | None] = [None] * len(episodes)  # commit="select": the first kept first turn
+        best: list[tuple[tuple[int, int, int], Generation] | None] = [None] * len(episodes)  # commit="outcome"
         rounds = 1 if self.config.mode == "parallel" else self.config.budget
         per_round = self.config.budget if self.config.mode == "parallel" else 1
         for _ in range(rounds):
             starts = [(i, self._memory(notes[i])) for i in range(len(episodes)) for _ in range(per_round)]
             forks = [self._fork(episodes[i], memory, rng) for i, memory in starts]
             first_turns = self._imagine(forks, driver)
-            assessments = self._assess(forks, driver)
+            judged = self.config.commit != "outcome"  # the outcome rule reads no assessment: none is written
+            assessments = self._assess(forks, driver) if judged else [""] * len(forks)
             for (i, _), imagined, first, assessment in zip(starts, forks, first_turns, assessments, strict=True):
                 notes[i].append(self._summary(imagined, assessment, len(notes[i]) + 1))
                 if kept[i] is None and verdict(assessment) == "keep":
                     kept[i] = first
+                rank = outcome_rank(imagined)
+                if best[i] is None or rank < best[i][0]:  # strictly better: the first wins ties
+                    best[i] = (rank, first)
         self.last_memories = [self._memory(n) for n in notes]
+        if self.config.commit == "outcome":
+            self.stats["kept_turns"] += len(episodes)
+            return [b[1] for b in best]  # type: ignore[index]  # every episode had at least one rehearsal
         if self.config.commit == "select":
             plain = [i for i, k in enumerate(kept) if k is None]
             self.stats["kept_turns"] += len(episodes) - len(plain)
@@ -196,7 +208,8 @@ class RehearsalPlanner:
             lines.append(f"- {call.name}({shorten(dict(call.arguments), SUMMARY_WIDTH)}) -> {outcome}")
         if fork.answers:
             lines.append(f"- answer: {shorten(fork.answers[-1], SUMMARY_WIDTH)}")
-        lines.append(f"Self-assessment: {assessment}")
+        if assessment:
+            lines.append(f"Self-assessment: {assessment}")
         return "\n".join(lines)
 
     def _memory(self, notes: list[str]) -> str:
@@ -208,6 +221,14 @@ class RehearsalPlanner:
             "Rehearsal memory (private: imagined attempts, no tool was really called). Use it to act better now.\n\n"
             + text
         )
+
+
+def outcome_rank(fork: Episode) -> tuple[int, int, int]:
+    """How an imagined attempt ended, lower ranking better: no final answer reached (0/1), then its tool errors
+    (malformed calls and calls answered with an error), then its Act turns. All of it is what the rehearsal
+    itself shows: nothing real is known in imagination."""
+    errors = sum(1 for r in fork.records if r.call is None or r.error is not None)
+    return (0 if fork.answers else 1, errors, fork.transcript.turn)
 
 
 def verdict(assessment: str) -> str | None:
