@@ -73,7 +73,8 @@ def main(out: Path, mode: str) -> None:
         history = sharding.load_sharded_state(out / "sharded-state.pt", fresh, optimizer, np.random.default_rng(0))
         whole = dict(policy.model.named_parameters())
         gap = max(float((full - whole[name]).abs().max()) for name, full in sharding.full_parameters(fresh))
-        (out / f"passes-{rank}.json").write_text(json.dumps({**passes, "resumed_gap": gap, "resumed_steps": len(history)}))
+        passes.update(resumed_gap=gap, resumed_steps=len(history))
+        (out / f"passes-{rank}.json").write_text(json.dumps(passes))
     if rank == 0:
         torch.save({"step": step, "weights": policy.model.state_dict()}, out / f"{mode}.pt")
         if mode == "single":

@@ -197,7 +197,7 @@ def test_the_readable_trainer_rolls_out_on_an_engine_that_holds_the_trained_weig
     assert (torch.tensor(gen.logprobs) - stale).abs().max() > 10 * LOGPROB_TOLERANCE  # not the checkpoint's
 
 
-def test_fsdp2_shards_gathered_as_trl_gathers_them_load_the_engine_with_the_whole_models_weights(tiny_vllm_folder, tmp_path):
+def test_fsdp2_shards_gathered_as_trl_gathers_them_load_the_engine_with_the_whole_model(tiny_vllm_folder, tmp_path):
     """TRL's trainer cannot be sharded on a CPU (accelerate sets up FSDP and DeepSpeed for accelerators only;
     docs/training.md), so the path its colocated engine takes under FSDP2 is tested in two parts: two gloo
     processes shard a model with fully_shard and gather it with TRL's own ``_iter_named_params``
@@ -223,7 +223,8 @@ def test_fsdp2_shards_gathered_as_trl_gathers_them_load_the_engine_with_the_whol
     out = tmp_path / "stream.pt"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", str(port), str(Path(__file__).with_name("sharded_gather.py")), str(tiny_vllm_folder), str(out)],
+         "--master_port", str(port), str(Path(__file__).with_name("sharded_gather.py")), str(tiny_vllm_folder),
+         str(out)],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

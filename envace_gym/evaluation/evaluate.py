@@ -204,7 +204,8 @@ def evaluate(
     )  # fmt: skip
     result.rehearsals, result.parsed, result.schema_ok = copying.rehearsals, copying.parsed, copying.schema_ok
     result.equal_to_real, result.fields = copying.equal, copying.fields
-    withheld = replace(rehearsal, withhold_own_result=True, format_examples=format_examples(dom, tasks) if format_example else ())
+    examples = format_examples(dom, tasks) if format_example else ()
+    withheld = replace(rehearsal, withhold_own_result=True, format_examples=examples)
     simulation = _fidelity(
         policy, dom, tasks, withheld, seed,
         _pass_progress(progress, n * (trials + 1), total, "rehearsal fidelity (own results withheld)"),

@@ -315,7 +315,8 @@ def train(
         #    global batch (a group is a rank's: (rank, group)).
         ranks = _everyone(world, [(s.group, s.role, s.reward) for s in samples])
         every = [((r, group), role, reward) for r, part in enumerate(ranks) for group, role, reward in part]
-        advantages = rolewise_advantages(*(list(column) for column in zip(*every, strict=True)) if every else ([], [], []))
+        columns = [list(column) for column in zip(*every, strict=True)] if every else [[], [], []]
+        advantages = rolewise_advantages(*columns)
         mine = sum(len(part) for part in ranks[:rank])
         advantages = advantages[mine : mine + len(samples)]
         trained_tokens = sum(_everyone(world, sum(sum(s.mask) for s in samples if s.reward is not None)))
@@ -346,7 +347,8 @@ def train(
         # The global batch's figures: every rank's episodes, and its counts summed.
         played_eps = [ep for part in _everyone(world, [_EpisodeTally.of(e) for e in batch.episodes]) for ep in part]
         rows = [sum(s.role == role for s in samples) for role in metrics.ROLES]
-        counts = [sum(c) for c in zip(*_everyone(world, (zero_std, played, skipped, *totals.values(), *rows)), strict=True)]
+        tallies = _everyone(world, (zero_std, played, skipped, *totals.values(), *rows))
+        counts = [sum(c) for c in zip(*tallies, strict=True)]
         zero_std, played, skipped, loss_sum, clipped, kl = counts[:6]
         rewards = [e.reward for e in played_eps if e.reward is not None]
         logged = {  # the names every trainer logs (envace_gym.training.metrics)

@@ -27,7 +27,7 @@ class Script:
     config: str | None = field(default=None, metadata={"help": "YAML file of settings (flags override it)."})
     dry_run: bool = field(
         default=False,
-        metadata={"help": "Check the settings: build the config (device settings off, so it builds on a CPU) and stop."},
+        metadata={"help": "Check the settings: build the config (device settings off, so it builds here) and stop."},
     )
 
 

@@ -63,8 +63,9 @@ def rollout_weights(trainer: Any) -> Iterator[Policy]:
         return
     from trl.models import unwrap_model_for_generation
 
+    gather = getattr(args, "ds3_gather_for_generation", True)
     with unwrap_model_for_generation(
-        trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=getattr(args, "ds3_gather_for_generation", True),
+        trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=gather,
         gradient_checkpointing_kwargs=getattr(args, "gradient_checkpointing_kwargs", None),
     ):  # fmt: skip
         yield trainer_policy(trainer)
