@@ -66,3 +66,11 @@ def test_the_scale_launch_configs_are_accelerates(launch):
         assert config.distributed_type == "FSDP" and config.fsdp_config["fsdp_version"] == 2
     else:
         assert config.distributed_type == "DEEPSPEED" and config.deepspeed_config["zero_stage"] == 3
+
+
+def test_the_withheld_forms_benchmark_prints_both_forms(capsys, tmp_path):
+    run("withheld_forms.py", "--model", "tiny", "--num-tasks", "1", "--max-new-tokens", "8", "--out", str(tmp_path / "w.json"))
+    out = capsys.readouterr().out
+    assert "bare: withheld 1 rehearsals" in out and "format example: withheld 1 rehearsals" in out
+    record = json.loads((tmp_path / "w.json").read_text())
+    assert set(record["forms"]) == {"bare", "format example"} and record["domain"] == "units-v0"
