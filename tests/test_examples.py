@@ -69,7 +69,8 @@ def test_the_scale_launch_configs_are_accelerates(launch):
 
 
 def test_the_withheld_forms_benchmark_prints_both_forms(capsys, tmp_path):
-    run("withheld_forms.py", "--model", "tiny", "--num-tasks", "1", "--max-new-tokens", "8", "--out", str(tmp_path / "w.json"))
+    out = str(tmp_path / "w.json")
+    run("withheld_forms.py", "--model", "tiny", "--num-tasks", "1", "--max-new-tokens", "8", "--out", out)
     out = capsys.readouterr().out
     assert "bare: withheld 1 rehearsals" in out and "format example: withheld 1 rehearsals" in out
     record = json.loads((tmp_path / "w.json").read_text())
