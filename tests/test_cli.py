@@ -207,8 +207,9 @@ def test_every_command_takes_both_flag_spellings(capsys):
     assert main(argv) == 0
     assert "units-v0 / test: 2 episodes" in capsys.readouterr().out
     parser = build_parser()
-    for command, flag, dest in (("demo", "--max_new_tokens", "max_new_tokens"), ("bench", "--work_dir", "work_dir"),
-                                ("checklists", "--judge_model", "judge_model"), ("eval", "--top-p", "top_p")):  # fmt: skip
+    spelled = [("demo", "--max_new_tokens", "max_new_tokens"), ("bench", "--work_dir", "work_dir"),
+               ("checklists", "--judge_model", "judge_model"), ("eval", "--top-p", "top_p")]  # fmt: skip
+    for command, flag, dest in spelled:
         required = ["--domain", "x", "--out", "y"] if command == "checklists" else []
         assert getattr(parser.parse_args([command, *required, flag, "7"]), dest) in (7, 7.0, "7"), flag
 
