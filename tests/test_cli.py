@@ -105,6 +105,8 @@ MISTAKES = [
     (["eval", "--budget", "-1"], "--budget at least 0"),
     (["eval", "--num-tasks", "0"], "--num-tasks, --trials and --horizon must be at least 1"),
     (["eval", "--trials", "0"], "--num-tasks, --trials and --horizon must be at least 1"),
+    (["eval", "--num_tasks", "0"], "--num-tasks, --trials and --horizon must be at least 1"),  # either spelling
+    (["train", "--tasks-per-step", "0"], "tasks_per_step must be at least 1"),
     (["eval", "--user-temperature", "0.5"], "user='scripted' has none"),
     (["eval", "--user", "llm", "--user-max-tokens", "-1"], "no budget but the context"),
     (["eval", "--max-messages", "0"], "--max-messages must be at least 1 or None"),
@@ -132,6 +134,7 @@ def no_model_loads(monkeypatch):
     monkeypatch.setattr(envace_gym.policy.default_model, "load_default_policy", refuse)
     monkeypatch.setattr(envace_gym.policy.default_model, "ensure_default_model", refuse)
     monkeypatch.setattr(envace_gym.policy.tiny, "tiny_policy", refuse)
+    monkeypatch.setattr(envace_gym.policy.tiny, "quick_look_policy", refuse)  # what --model tiny builds
     monkeypatch.setattr(TransformersPolicy, "from_pretrained", refuse)
 
 
@@ -193,6 +196,22 @@ def test_eval_reaches_a_domain_written_in_python(capsys):
     assert main([*argv, "--trials", "2", "--temperature", "1", "--no-fidelity"]) == 0
     out = capsys.readouterr().out
     assert "library / test: 2 episodes" in out and "pass^1 0.000, pass^2 0.000 (2 trials per task)" in out
+
+
+def test_every_command_takes_both_flag_spellings(capsys):
+    """``envace eval --num_tasks 5`` as ``envace train --num_tasks``-style flags are written (it answered
+    "unrecognized arguments" before), and ``--num-tasks`` as before: every command takes both, as TRL's parser
+    does for ``train`` and ``experiment``."""
+    argv = ["eval", "--domain", "units", "--model", "tiny", "--num_tasks", "2", "--max_new_tokens", "4",
+            "--no_fidelity", "--on_invalid", "feedback"]  # fmt: skip
+    assert main(argv) == 0
+    assert "units-v0 / test: 2 episodes" in capsys.readouterr().out
+    parser = build_parser()
+    spelled = [("demo", "--max_new_tokens", "max_new_tokens"), ("bench", "--work_dir", "work_dir"),
+               ("checklists", "--judge_model", "judge_model"), ("eval", "--top-p", "top_p")]  # fmt: skip
+    for command, flag, dest in spelled:
+        required = ["--domain", "x", "--out", "y"] if command == "checklists" else []
+        assert getattr(parser.parse_args([command, *required, flag, "7"]), dest) in (7, 7.0, "7"), flag
 
 
 def test_check_rehearsal_tells_parsed_accepted_and_equal_apart():

@@ -243,3 +243,22 @@ def test_cached_evaluation_rehearses_unmatched_calls_without_the_references():
 
     result = evaluate(ScriptedPolicy(respond), domain, "train", num_tasks=1, fidelity=False)
     assert result.executor == "cached" and seen and not any("Reference executions" in p for p in seen)
+
+
+def test_splits_honour_test_fraction_on_small_files(tmp_path):
+    """A 5-row file at the default test_fraction=0.1 keeps all 5 for training (a per-row hash once split it
+    2 train / 3 test); the rule is floor(n * test_fraction) test rows, at least one train row left."""
+    rows = (DATA / "openai.jsonl").read_text().splitlines()
+    small = tmp_path / "five.jsonl"
+    small.write_text("\n".join(rows[:5]) + "\n")
+    domain = make_domain(str(small))
+    assert (len(domain.tasks("train")), len(domain.tasks("test"))) == (5, 0)
+    for fraction, test in ((0.1, 1), (0.3, 3), (0.5, 5), (0.99, 9)):  # 10 rows; never all of them
+        domain = DatasetDomain(DATA / "openai.jsonl", test_fraction=fraction)
+        assert (len(domain.tasks("train")), len(domain.tasks("test"))) == (10 - test, test), fraction
+        assert all(t.split == "test" for t in domain.tasks("test"))
+    assert len(DatasetDomain([json.loads(rows[0])], test_fraction=0.9).tasks("train")) == 1
+    # the same file splits the same way in every process (ids ranked by a stable hash)
+    assert [t.id for t in DatasetDomain(DATA / "openai.jsonl", test_fraction=0.3).tasks("test")] == [
+        t.id for t in DatasetDomain(DATA / "openai.jsonl", test_fraction=0.3).tasks("test")
+    ]

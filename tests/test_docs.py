@@ -128,6 +128,9 @@ def test_bash_blocks_name_real_commands_flags_and_files(block, tmp_path, monkeyp
             check_envace(argv[1:])
         elif argv[:3] == ["accelerate", "launch", "--multi_gpu"] and "envace_gym.cli" in argv:
             check_envace(argv[argv.index("envace_gym.cli") + 1 :])
+        elif argv[:2] == ["accelerate", "launch"]:  # a script with its files: every one named is in the repository
+            named = [a for a in argv[2:] if a.endswith((".py", ".yaml"))]
+            assert named and all((ROOT / a).is_file() for a in named), f"{block}: {argv}"
         elif argv[0] == "make":
             for target in argv[1:]:
                 if "=" not in target:

@@ -316,6 +316,20 @@ def test_render_ansi(tiny):
     assert text.startswith("=== units/") and "[user]" in text
 
 
+def test_render_human_prints_each_message_once(tiny, capsys):
+    """Gymnasium's check_env makes a "human" env, resets it (which renders) and calls render(): the
+    conversation is printed once, not twice; a step prints only its new messages."""
+    check_env(make("units", tiny, rehearsal=RehearsalConfig(max_new_tokens=8)).unwrapped)
+    printed = capsys.readouterr().out
+    assert printed.count("=== units/") == 1 and printed.count("[user]") == 1, printed
+    env = make("units", tiny, render_mode="human", rehearsal=RehearsalConfig(max_new_tokens=8))
+    env.reset(seed=0)
+    assert env.render() is None and capsys.readouterr().out.count("[user]") == 1
+    env.step("A final answer.")
+    after = capsys.readouterr().out
+    assert "[assistant] A final answer." in after and "[user]" not in after and "===" not in after
+
+
 def test_bad_arguments_are_refused_early(tiny):
     with pytest.raises(ValueError, match="executor must be one of"):
         make("bank", tiny, executor="imaginary")

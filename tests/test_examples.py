@@ -37,6 +37,14 @@ def test_quickstart_example(capsys):
 
 
 @pytest.mark.slow
+def test_trl_rollout_func_example_trains_a_step(capsys, tmp_path):
+    """examples/trl_rollout_func.py: plain GRPOTrainer, the task-id dataset, make_rollout_func and envace_reward."""
+    run("trl_rollout_func.py", "--steps", "1", "--output_dir", str(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert "step 1: reward 0.000" in out  # the random tiny model solves no units task
+
+
+@pytest.mark.slow
 def test_rehearsal_format_benchmark_counts_every_rehearsed_call(capsys):
     run("rehearsal_format.py", "--model", "tiny", "--tasks", "2", "--setting", "0:1")
     out = capsys.readouterr().out

@@ -51,6 +51,21 @@ def test_train_modes_write_model_metrics_and_curves(carded_tiny, tmp_path, mode)
         assert any("success" in entry for entry in history)
 
 
+def test_the_quick_look_with_dashed_flags_says_its_model_was_built_in_process(tmp_path, capsys):
+    """``envace train --mode rehearsal --model tiny`` in the dashed spelling (``--group-size``, as ``envace
+    eval`` takes them; both spellings work in every command): the card says the run started from the tiny model
+    built in process, not "a fine-tuned version of [None]", and its pipeline loads the trained folder."""
+    out = tmp_path / "quick"
+    argv = ["train", "--mode", "rehearsal", "--model", "tiny", "--output-dir", str(out), "--domain", "units",
+            "--steps", "1", "--tasks-per-step", "1", "--group-size", "2", "--max-new-tokens", "8"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"final model: {out / 'final'}" in printed and "curves: None" not in printed
+    card = (out / "final" / "README.md").read_text()
+    assert "This model was trained from envace-gym's `tiny` model, a random model built in process." in card
+    assert "[None]" not in card and f'model="{out / "final"}"' in card
+
+
 def test_curves_have_integer_steps_and_fixed_reward_range(tmp_path):
     pytest.importorskip("matplotlib")
     from envace_gym.recipes.train import curves_figure, plot_curves
@@ -175,6 +190,8 @@ def test_trl_path_under_accelerate_with_two_cpu_processes(tiny_path, tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("final model:") == 1 and done.stdout.count("curves:") == 1  # rank 0 prints them
+    assert "curves: None" not in done.stdout
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["num_processes"] == 2
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "episodes" in line]

@@ -195,6 +195,31 @@ def test_two_envace_train_use_vllm_runs_at_once_end_cleanly(tiny_vllm_folder, tm
         assert "colocated vLLM engine in float32" in (out / "final" / "README.md").read_text()
 
 
+def test_the_quick_look_trains_with_use_vllm(tmp_path):
+    """``envace train --mode rehearsal --model tiny --use_vllm true``, as a new user types it (small sizes): the
+    in-process tiny model is wide enough for vLLM's CPU attention (head size 16 ended in a ~100-line traceback,
+    ``Unsupported CPU attention configuration: head_dim=16``, at the first rollout), so it trains and ends
+    with its results."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    rendezvous = ("MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE")  # as from a shell
+    env = {k: v for k, v in os.environ.items() if k not in rendezvous}
+    out = tmp_path / "quick"
+    argv = ["train", "--mode", "rehearsal", "--model", "tiny", "--use_vllm", "true", "--output_dir", str(out),
+            "--steps", "1", "--tasks_per_step", "1", "--group_size", "2", "--max_new_tokens", "12"]  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "envace_gym.cli", *argv], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and "Unsupported CPU attention" not in run.stderr, run.stderr[-3000:]
+    assert f"final model: {out / 'final'}" in run.stdout
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["engine_dtype"] == summary["dtype"]  # the engine generated the rollouts
+
+
 # --- vllm_mode="server": vLLM's own OpenAI-compatible server in a process of its own ----------------------------
 
 SERVER_START_SECONDS = 600  # ~66-110 s measured on one busy CPU thread (the engine's warm-up)

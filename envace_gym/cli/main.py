@@ -30,6 +30,22 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
+        """Every long option in both spellings, ``--num_tasks`` and ``--num-tasks``, as TRL's parser takes
+        ``envace train``'s and ``envace experiment``'s: one flag style across the commands."""
+        return super().add_argument(*names, *flag_aliases(names), **kwargs)
+
+
+def flag_aliases(names: Sequence[str]) -> list[str]:
+    """The other spellings of long options ``names``: underscores for dashes and dashes for underscores."""
+    aliases: list[str] = []
+    for name in names:
+        if name.startswith("--"):
+            for other in ("--" + name[2:].replace("-", "_"), "--" + name[2:].replace("_", "-")):
+                if other not in names and other not in aliases:
+                    aliases.append(other)
+    return aliases
+
 
 def _parse_settings(cls: type, prog: str, argv: Sequence[str]) -> Any:
     """A settings dataclass from flags and an optional ``--config`` YAML (TRL's parser: flags win); a mistake
@@ -173,8 +189,12 @@ def _train(argv: Sequence[str]) -> int:
     from ..recipes.train import TrainConfig, train
     from ..training.distributed import end_distributed
 
+    from accelerate import PartialState
+
     summary = train(_parse_settings(TrainConfig, "envace train", argv))
-    print(f"final model: {summary['final_model']}\nmetrics: {summary['metrics']}\ncurves: {summary['plot']}")
+    if PartialState().is_main_process:  # under `accelerate launch`: once, by the process that wrote them
+        curves = summary["plot"] or "not drawn (matplotlib is not installed, or no step logged a curve's value)"
+        print(f"final model: {summary['final_model']}\nmetrics: {summary['metrics']}\ncurves: {curves}")
     # under `accelerate launch`: no process exits while gloo's threads still run (that aborts it at exit)
     end_distributed()
     return 0

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -329,7 +331,8 @@ class DatasetDomain(Domain):
             or a list of rows.
         format: ``"openai"``, ``"envace"``, ``"sharegpt"``, or ``None`` to detect it per row.
         name: The domain's name (default: the file's stem, or ``"dataset"``).
-        test_fraction: Share of tasks in the ``test`` split (a stable hash of the id decides).
+        test_fraction: Share of tasks in the ``test`` split: of ``n`` usable rows, ``floor(n * test_fraction)``
+            go to ``test`` (at most ``n - 1``: at least one ``train`` row), those whose ids hash lowest.
         reward: ``(task, trajectory) -> RewardResult``; default :func:`reference_call_reward`.
         system_prompt: Used where a row brings none.
     """
@@ -355,10 +358,10 @@ class DatasetDomain(Domain):
         )
         self.system_prompt = system_prompt or Domain.system_prompt
         self._reward = reward
-        self._test_cut = int(test_fraction * 10_000)
         self._registries: dict[str, ToolRegistry] = {}
         self._compiled: dict[str, ToolRegistry] = {}  # tool list (canonical JSON) → its registry
         self._splits: dict[str, list[Task]] = {s: [] for s in SPLITS}
+        loaded: list[Task] = []
         self.skipped: list[tuple[int, str]] = []  # (row index, reason) of every row left out
         for index, row in enumerate(load_rows(source)):
             try:
@@ -370,7 +373,7 @@ class DatasetDomain(Domain):
                 self.skipped.append((index, f"duplicate task id {task.id!r}"))
                 continue
             self._registries[task.id] = registry
-            self._splits[task.split].append(task)
+            loaded.append(task)
         if self.skipped:
             reasons = "; ".join(f"row {i}: {why}" for i, why in self.skipped[:3])
             logger.warning("dataset %s: %d row(s) skipped (%s%s)", self.name, len(self.skipped), reasons,
@@ -378,6 +381,12 @@ class DatasetDomain(Domain):
         if not self._registries:
             raise DomainError(f"dataset {self.name!r} has no usable row ({len(self.skipped)} skipped: "
                               f"{self.skipped[:3]})")  # fmt: skip
+        # a count, not a per-row coin: a 5-row file at 0.1 has no test row (a per-row hash once gave it 3 of 5)
+        ranked = sorted(loaded, key=lambda t: (stable_hash(t.id), t.id))
+        held_out = {t.id for t in ranked[: test_rows(len(loaded), test_fraction)]}
+        for task in loaded:
+            split = "test" if task.id in held_out else "train"
+            self._splits[split].append(task if task.split == split else replace(task, split=split))
 
     def _task(self, index: int, row: Any, format: str | None) -> tuple[Task, ToolRegistry]:
         if isinstance(row, _Unreadable):
@@ -400,12 +409,11 @@ class DatasetDomain(Domain):
                 if not check.ok:  # the reference would fail its own schema: it could not teach or score anything
                     raise _RowError(f"the reference call {call.name!r} fails its schema: {check.error.message}")
         task_id = str(row.get("id") or parsed.get("id") or f"{self.name}/{index:04d}")
-        split = "test" if stable_hash(task_id) % 10_000 < self._test_cut else "train"
         task = Task(
             id=task_id,
             domain=self.name,
             prompt=parsed["prompt"],
-            split=split,
+            split="train",  # the domain decides, once every row is read (test_rows)
             user_turns=tuple(parsed["user_turns"]),
             tools=tuple(registry.names),
             reference=tuple(parsed["reference"]),
@@ -435,6 +443,12 @@ class DatasetDomain(Domain):
         if self._reward is not None:
             return self._reward(task, trajectory)
         return reference_call_reward(task, trajectory)
+
+
+def test_rows(n: int, test_fraction: float) -> int:
+    """How many of ``n`` tasks a dataset puts in ``test``: ``floor(n * test_fraction)``, leaving at least one for
+    ``train`` (the small epsilon keeps ``0.3 * 10`` at 3 in binary floating point)."""
+    return max(0, min(math.floor(n * test_fraction + 1e-9), n - 1))
 
 
 def reference_call_reward(task: Task, trajectory: Trajectory) -> RewardResult:

@@ -138,6 +138,7 @@ class RehearsalEnv(gym.Env[str, str]):
         self.action_space = ActText(self.config.limits.max_action_chars, tuple(self.domain.tool_names()))
         self.observation_space = AnyText(MAX_OBSERVATION_CHARS)
         self._episode: Episode | None = None
+        self._shown: tuple[Episode | None, int] = (None, 0)  # "human" render: the episode and messages printed
         self._act_generation: Generation | None = None
         self.unfit_tasks: set[str] = set()  # ids of tasks too long to play, skipped when drawing
 
@@ -243,17 +244,23 @@ class RehearsalEnv(gym.Env[str, str]):
         return outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
 
     def render(self) -> str | None:
+        """``"ansi"``: the whole conversation so far. ``"human"``: prints what it has not printed yet, each message
+        once: reset and step render by themselves, so an explicit call (gymnasium's ``check_env`` makes one after
+        reset) does not print the conversation a second time."""
         if self._episode is None:
             return None
         lines = [f"=== {self._episode.task.id} (turn {self._episode.turn}) ==="]
         for m in self._episode.messages:
             label = m["role"] if m["role"] != "tool" else f"tool {m.get('name', '')}"
             lines.append(f"[{label}] {m['content']}")
-        text = "\n".join(lines)
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
+        if self.render_mode != "human":
+            return "\n".join(lines)
+        episode, shown = self._shown
+        new = lines[1:][shown:] if episode is self._episode else lines
+        if new:
+            print("\n".join(new))
+        self._shown = (self._episode, len(lines) - 1)
+        return None
 
     def turn_coroutine(self, action: str, act: Generation | None = None) -> TurnCoroutine:
         """The current episode's step for ``action``, for a driver to run (as :meth:`step` does, or a vector

@@ -42,9 +42,9 @@ def make_policy(
     if isinstance(spec, str):
         if spec == "tiny":
             from .device import place
-            from .tiny import tiny_policy
+            from .tiny import quick_look_policy
 
-            tiny = tiny_policy()
+            tiny = quick_look_policy()
             tiny.model = place(tiny.model)  # as every loaded model: on the GPU when there is one
             return tiny
         return TransformersPolicy.from_pretrained(spec)

@@ -182,3 +182,18 @@ def tiny_policy(seed: int = 0, **kwargs) -> TransformersPolicy:
     """A :class:`TransformersPolicy` over :func:`tiny_model` and :func:`tiny_tokenizer`."""
     tokenizer = tiny_tokenizer()
     return TransformersPolicy(tiny_model(tokenizer, seed=seed), tokenizer, **kwargs)
+
+
+# 4 heads of 32: vLLM's CPU attention serves no head size below 32 (16, tiny_model's default, fails at the
+# first generation), so the quick-look model is this wide and `--use_vllm` works with it
+QUICK_LOOK_HIDDEN_SIZE = 128
+
+
+def quick_look_policy(seed: int = 0) -> TransformersPolicy:
+    """What ``"tiny"`` names in ``make_policy``, ``--model tiny`` and ``policy="tiny"``: :func:`tiny_policy`'s
+    tokenizer over a 2-layer Llama of hidden size :data:`QUICK_LOOK_HIDDEN_SIZE` (~0.4M parameters), saved as
+    is, servable by vLLM's CPU backend. (:func:`tiny_policy`, narrower, is what the tests pin.)"""
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, seed=seed, hidden_size=QUICK_LOOK_HIDDEN_SIZE)
+    model.config.envace_built_in_process = "tiny"  # the model card says so (integrations.trl.model_card)
+    return TransformersPolicy(model, tokenizer)

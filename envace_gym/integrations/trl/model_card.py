@@ -15,6 +15,10 @@ from typing import Any
 from ...policy.precision import dtype_name
 
 DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+UNNAMED_BASE = "This model is a fine-tuned version of [None](https://huggingface.co/None)."
+# a config field that marks a model built in process (``--model tiny``); saved in config.json, so a run
+# started from a folder of one (its initial_model/, an earlier run's final/) still says so
+BUILT_IN_PROCESS = "envace_built_in_process"
 
 
 def base_model_name(name_or_path: str | None) -> str | None:
@@ -64,5 +68,19 @@ class BaseModelCardMixin:
         card = Path(self.args.output_dir) / "README.md"  # type: ignore[attr-defined]
         if self.is_world_process_zero() and card.is_file():  # type: ignore[attr-defined]  # TRL's one writer
             engine = getattr(getattr(self, "vllm_generation", None), "llm", None)
-            with open(card, "a", encoding="utf-8") as f:
-                f.write("\n## Precision\n\n" + precision_note(self.args, engine))  # type: ignore[attr-defined]
+            text = fill_unnamed(card.read_text(encoding="utf-8"), config, loaded_from, card.parent)
+            note = precision_note(self.args, engine)  # type: ignore[attr-defined]
+            card.write_text(text + "\n## Precision\n\n" + note, encoding="utf-8")
+
+
+def fill_unnamed(text: str, config: Any, loaded_from: str, output_dir: Path) -> str:
+    """TRL's card with no base model or hub id to name says "a fine-tuned version of [None]" and
+    ``pipeline(..., model="None")``: say what the run started from, and load the trained model by its folder."""
+    if UNNAMED_BASE in text:
+        if getattr(config, BUILT_IN_PROCESS, None):
+            origin = f"envace-gym's `{getattr(config, BUILT_IN_PROCESS)}` model, a random model built in process"
+        else:
+            origin = f"a local model folder (`{loaded_from}`) that does not record where it came from"
+        text = text.replace(UNNAMED_BASE, f"This model was trained from {origin}.")
+    final = output_dir / "final"  # where `envace train` saves the model; else where `trainer.save_model()` does
+    return text.replace('model="None"', f'model="{final if (final / "config.json").is_file() else output_dir}"')
