@@ -15,7 +15,8 @@ Three ways in, from least to most EnvACE:
 
 The SFT warm start: :class:`PackedSFTTrainer` + :class:`PackedSFTConfig`, TRL's ``SFTTrainer`` with the same
 forward on the rows of :mod:`envace_gym.training.sft`, set up by :func:`run_sft` (``packed_sft_trainer.py``,
-``packed_sft_config.py``); :func:`warm_start` is the quick run's short SFT before either GRPO path. The trainers name the model a run started from in their model cards
+``packed_sft_config.py``); :func:`warm_start` is the quick run's short SFT before either GRPO path. The
+trainers name the model a run started from in their model cards
 (``model_card.py``).
 
 Both GRPO trainers here compute their log-probabilities with the shared-prefix forward (``shared_prefix.py``),

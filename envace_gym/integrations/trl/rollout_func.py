@@ -56,15 +56,19 @@ def make_rollout_func(domain: str | Domain, config: EpisodeConfig | None = None,
                 seed=int(torch.randint(2**31, (1,)).item()), unfit="raise",  # TRL needs one row per prompt
             )  # fmt: skip
         rows = [_ended_row(e, policy.stop_ids) for e in batch.episodes]
-        if trainer.model.training:  # TRL repeats each prompt num_generations times: a task's runs of G are its groups
+        model = getattr(trainer, "model", None)
+        if model is None or model.training:  # TRL repeats each prompt num_generations times: its runs of G are groups
+            size = getattr(trainer, "num_generations", None) or trainer.args.num_generations
             groups, seen = [], {}
             for e in batch.episodes:
-                groups.append((e.task_id, seen.get(e.task_id, 0) // trainer.num_generations))
+                groups.append((e.task_id, seen.get(e.task_id, 0) // size))
                 seen[e.task_id] = seen.get(e.task_id, 0) + 1
             facts = [episode_facts(e.calls) for e in batch.episodes]
-            evidence = step_evidence(groups, [e.reward for e in batch.episodes], facts)
-            # inline mode has no rehearse rows (the rehearsals train inside the episode's row); this process's share
-            no_learning.observe(evidence, emit=trainer.accelerator.is_main_process)
+            # this process's episodes; inline mode has no rehearse rows (rehearsals train inside the episode's row)
+            no_learning.observe(
+                step_evidence(groups, [e.reward for e in batch.episodes], facts),
+                emit=getattr(getattr(trainer, "accelerator", None), "is_main_process", True),
+            )
         return {
             "prompt_ids": [list(r.prompt_ids) for r in rows],
             "completion_ids": [list(r.completion_ids) for r in rows],
