@@ -136,3 +136,55 @@ def test_make_rollout_func_says_why_nothing_learns_once_and_not_when_groups_have
             assert found == []
         else:
             assert len(found) == 1 and found[0].startswith("make_rollout_func: no group") and expected in found[0]
+
+
+def test_warm_start_is_refused_where_it_means_nothing(tmp_path):
+    from envace_gym.recipes.train import TrainConfig
+
+    with pytest.raises(ValueError, match="mode sft is that SFT already"):
+        TrainConfig(mode="sft", warm_start="sft", output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="warm_start must be one of"):
+        TrainConfig(warm_start="rl", output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="warm_start_steps must be at least 1"):
+        TrainConfig(warm_start="sft", warm_start_steps=0, output_dir=str(tmp_path))
+
+
+@pytest.mark.slow
+def test_warm_start_runs_the_sft_first_and_grpo_starts_from_it(tiny_path, tmp_path, capsys):
+    """The plumbing, cheaply (one SFT step on the tiny model): the SFT runs on the calendar domain's reference rows,
+    GRPO trains the model it wrote, and a second run with the same settings reuses it."""
+    out = tmp_path / "run"
+    argv = ["train", "--mode", "rehearsal", "--model", tiny_path, "--domain", CALENDAR, "--output_dir", str(out),
+            "--warm_start", "sft", "--warm_start_steps", "1", "--steps", "1", "--tasks_per_step", "1",
+            "--group_size", "2", "--max_new_tokens", "8"]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "envace train: warm start: 1 SFT steps (batches of 4 rows, lr 0.0002)" in printed
+    assert "warm start step 1: loss" in printed
+    settings = json.loads((out / "warm_start" / "warm_start.json").read_text())
+    assert settings["domain"] == "calendar" and settings["steps"] == 1
+    assert (out / "final" / "config.json").is_file()
+    made = (out / "warm_start" / "model.safetensors").stat().st_mtime
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv) == 0
+    assert (out / "warm_start" / "model.safetensors").stat().st_mtime == made  # reused, not redone
+
+
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_the_quick_run_trains_both_roles_on_a_domain_of_our_own(tmp_path):
+    """Item 1's command, as README shows it, on the calendar domain: after the warm start the first GRPO steps
+    log rows of both roles and a reward spread, and no NoLearningWarning."""
+    out = tmp_path / "calendar"
+    argv = ["train", "--mode", "rehearsal", "--domain", CALENDAR, "--warm_start", "sft", "--steps", "2",
+            "--output_dir", str(out)]  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(argv) == 0
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [entry for entry in logged if "reward" in entry]
+    assert any(s["rows/act"] > 0 and s["rows/rehearse"] > 0 and s["frac_reward_zero_std"] < 1 for s in steps), steps
+    assert no_learning_warnings(caught) == []

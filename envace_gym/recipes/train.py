@@ -274,6 +274,8 @@ def _warm_start(config: TrainConfig, path: str, domain: Any, out: Path, dtype: s
         warm_start(
             path, domain, target, steps=config.warm_start_steps, learning_rate=config.warm_start_learning_rate,
             batch_size=config.warm_start_batch_size, tasks=config.warm_start_tasks, seed=config.seed, dtype=dtype,
+            log=lambda h: print(f"envace train: warm start step {h['step']}: loss {h['loss']:.3f}", flush=True)
+            if h["step"] % 5 == 0 or h["step"] == config.warm_start_steps else None,
         )  # fmt: skip
         print(f"envace train: warm start done in {time.perf_counter() - started:.0f} s", flush=True)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
