@@ -26,8 +26,10 @@ from ..policy.precision import DTYPES, dtype_name, resolve_dtype
 from ..training.memory import return_freed_memory
 from ..training.options import checkpointing, lora_config, train_top_layers, use_cpu
 from ..training.packing import DEFAULT_PACK_TOKENS
+from ..training.sft import WARM_START_BATCH_SIZE, WARM_START_LEARNING_RATE, WARM_START_STEPS, WARM_START_TASKS
 
 MODES = ("rehearsal", "real-tools", "sft")
+WARM_STARTS = ("none", "sft")
 REAL_TOOLS_SETTINGS = ("max_turns", "on_invalid", "reward")  # the episode settings TRL's tool loop honours
 DEFAULT_GRPO_STEPS = 20
 
@@ -117,6 +119,24 @@ class TrainConfig(EpisodeSettings):
     sft_epochs: float = field(default=1.0, metadata={"help": "SFT: epochs over those rows."})
     sft_batch_size: int = field(default=4, metadata={"help": "SFT: rows per step."})
 
+    # Parameters that control the warm start (GRPO modes): a short SFT first, so the first steps can learn
+    warm_start: str = field(
+        default="none",
+        metadata={
+            "help": "sft: before GRPO, a short SFT on the domain's reference rows (both roles), so the model writes "
+            "calls and rehearsals and its groups get a reward spread (docs/training.md, 'The quick run'); none: off.",
+            "choices": WARM_STARTS,
+        },
+    )
+    warm_start_steps: int = field(default=WARM_START_STEPS, metadata={"help": "Warm start: SFT steps."})
+    warm_start_learning_rate: float = field(
+        default=WARM_START_LEARNING_RATE, metadata={"help": "Warm start: learning rate (constant)."}
+    )
+    warm_start_batch_size: int = field(default=WARM_START_BATCH_SIZE, metadata={"help": "Warm start: rows per step."})
+    warm_start_tasks: int = field(
+        default=WARM_START_TASKS, metadata={"help": "Warm start: how many training tasks' reference rows."}
+    )
+
     # Parameters that control speed and memory
     use_vllm: bool = field(
         default=False,
@@ -190,6 +210,12 @@ class TrainConfig(EpisodeSettings):
                 "mode real-tools answers a schema error as the tool's response (TRL's tool loop cannot end the episode "
                 "there): use on_invalid='feedback', and the same for the rehearsal runs it is compared with"
             )
+        if self.warm_start not in WARM_STARTS:
+            raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
+        if self.warm_start != "none" and self.mode == "sft":
+            raise ValueError("warm_start is an SFT before GRPO; mode sft is that SFT already: leave warm_start out")
+        if self.warm_start_steps < 1:
+            raise ValueError(f"warm_start_steps must be at least 1, got {self.warm_start_steps}")
         if self.mode != "sft":
             _episodes_per_process(self)  # refused here, so the CLI says it in one line before anything loads
 
@@ -227,6 +253,36 @@ def _load_model(path: str, train_layers: int | None, instance: bool = False) -> 
     from transformers import AutoModelForCausalLM
 
     return train_top_layers(AutoModelForCausalLM.from_pretrained(path), train_layers)
+
+
+def _warm_start(config: TrainConfig, path: str, domain: Any, out: Path, dtype: str) -> tuple[str, Any]:
+    """``--warm_start sft``: the short SFT of :func:`~envace_gym.training.sft.warm_start` into
+    ``output_dir/warm_start`` (reused when it was made with the same settings); GRPO starts from there."""
+    from transformers import AutoTokenizer
+
+    from ..training.sft import warm_start
+
+    target = out / "warm_start"
+    if os.environ.get("RANK", "0") == "0":  # one writer under `accelerate launch`; the others wait below
+        print(
+            f"envace train: warm start: {config.warm_start_steps} SFT steps (batches of {config.warm_start_batch_size}"
+            f" rows, lr {config.warm_start_learning_rate:g}) on the reference rows of {config.warm_start_tasks} "
+            f"training tasks, both roles -> {target}",
+            flush=True,
+        )
+        started = time.perf_counter()
+        warm_start(
+            path, domain, target, steps=config.warm_start_steps, learning_rate=config.warm_start_learning_rate,
+            batch_size=config.warm_start_batch_size, tasks=config.warm_start_tasks, seed=config.seed, dtype=dtype,
+            log=lambda h: print(f"envace train: warm start step {h['step']}: loss {h['loss']:.3f}", flush=True)
+            if h["step"] % 5 == 0 or h["step"] == config.warm_start_steps else None,
+        )  # fmt: skip
+        print(f"envace train: warm start done in {time.perf_counter() - started:.0f} s", flush=True)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
+    return str(target), AutoTokenizer.from_pretrained(target)
 
 
 def _resume_point(out: Path) -> str | None:
@@ -280,6 +336,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     compute_dtype = dtype_name(resolve_dtype(config.dtype, "cpu" if use_cpu() else "cuda"))
     (out / "train_config.json").write_text(json.dumps({**asdict(config), "resolved_dtype": compute_dtype}, indent=2))
     path, tokenizer = _model_source(config)
+    if config.warm_start == "sft":
+        path, tokenizer = _warm_start(config, path, domain, out, compute_dtype)
     common = dict(
         output_dir=str(out),
         learning_rate=config.learning_rate,

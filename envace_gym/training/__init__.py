@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from .advantages import rolewise_advantages
 from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, completion_scores, packing_support, plan_packs
-from .sft import sft_dataset, sft_rows, sft_steps
+from .diagnosis import NoLearningMonitor, NoLearningWarning
+from .sft import sft_dataset, sft_rows, sft_steps, warm_start
 from .trainer import TrainerConfig, grpo_loss
 
 __all__ = [
     "DEFAULT_PACK_TOKENS",
+    "NoLearningMonitor",
+    "NoLearningWarning",
     "TrainerConfig",
     "completion_logprobs",
     "completion_scores",
@@ -23,4 +26,5 @@ __all__ = [
     "sft_dataset",
     "sft_rows",
     "sft_steps",
+    "warm_start",
 ]

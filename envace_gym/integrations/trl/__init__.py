@@ -15,7 +15,8 @@ Three ways in, from least to most EnvACE:
 
 The SFT warm start: :class:`PackedSFTTrainer` + :class:`PackedSFTConfig`, TRL's ``SFTTrainer`` with the same
 forward on the rows of :mod:`envace_gym.training.sft`, set up by :func:`run_sft` (``packed_sft_trainer.py``,
-``packed_sft_config.py``). The trainers name the model a run started from in their model cards
+``packed_sft_config.py``); :func:`warm_start` is the quick run's short SFT before either GRPO path. The
+trainers name the model a run started from in their model cards
 (``model_card.py``).
 
 Both GRPO trainers here compute their log-probabilities with the shared-prefix forward (``shared_prefix.py``),
@@ -36,6 +37,7 @@ from .packed_sft_trainer import PackedSFTTrainer, TaskGroupedSampler, run_sft
 from .real_tools import RealToolsBaseline, real_tools_environment, real_tools_reward
 from .rollout_func import envace_reward, make_rollout_func
 from .shared_prefix import SharedPrefixMixin
+from ...training.sft import warm_start  # the quick run's short SFT, for either GRPO path here (docs/training.md)
 
 __all__ = [
     "ColocatedVLLMMixin",
@@ -54,4 +56,5 @@ __all__ = [
     "real_tools_reward",
     "run_sft",
     "task_dataset",
+    "warm_start",
 ]

@@ -21,6 +21,7 @@ from ...errors import TrainingConfigError
 from ...rollout.collector import RolloutBatch, collect_rollouts
 from ...training import metrics as names
 from ...training.advantages import rolewise_advantages
+from ...training.diagnosis import NoLearningMonitor, episode_facts, step_evidence
 from .colocated_vllm import ColocatedVLLMMixin, importance_sampling_ratio
 from .dataset import task_dataset, task_ids
 from .envace_grpo_config import EnvACEGRPOConfig
@@ -56,6 +57,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
                 + type(args).__name__
             )
         self.domain = make_domain(args.domain)
+        self.no_learning = NoLearningMonitor("EnvACEGRPOTrainer")  # one warning per run (training.diagnosis)
         kwargs["reward_funcs"] = _with_domain_reward(kwargs.get("reward_funcs"), args.reward_weights)
         super().__init__(
             model=model,
@@ -256,6 +258,15 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
         masked = sum(gather_object([int(r is None) for r in rewards]))
         metrics[names.MASKED].append(float(masked))
         self.masked_episodes = getattr(self, "masked_episodes", 0) + masked  # this run's, over all processes
+        if mode == "train":  # why a step learns nothing, said once per run with the remedy
+            mine = zip(groups, rewards, (episode_facts(e.calls) for e in batch.episodes), strict=True)
+            facts = gather_object(list(mine))
+            rehearses = self.args.executor != "real" and self.args.rehearsal_mode == "separate"
+            self.no_learning.observe(
+                step_evidence([g for g, _, _ in facts], [r for _, r, _ in facts], [f for _, _, f in facts]),
+                int(metrics[names.rows("rehearse")][-1]) if rehearses else None,
+                emit=self.accelerator.is_main_process,
+            )
         self._envace_batches = getattr(self, "_envace_batches", 0) + 1
         metrics["rollouts/batches_this_run"].append(float(self._envace_batches))  # restarts at 1 on --resume
         return output

@@ -14,6 +14,7 @@ from ...domains.domain import Domain
 from ...domains.registry import make_domain
 from ...episode.config import EpisodeConfig
 from ...rollout.collector import collect_rollouts
+from ...training.diagnosis import NoLearningMonitor, episode_facts, step_evidence
 from .colocated_vllm import refuse_vllm_settings
 from .dataset import task_ids
 from .refusals import UNUSED_BY_ROLLOUTS, refuse_sharded, refuse_unused
@@ -42,6 +43,7 @@ def make_rollout_func(domain: str | Domain, config: EpisodeConfig | None = None,
     config = EpisodeConfig.build(config or EpisodeConfig(rehearsal_mode="inline"), **settings)
     if config.user not in (None, "scripted"):
         raise ValueError("make_rollout_func plays scripted users only (one row per prompt); use EnvACEGRPOTrainer")
+    no_learning = NoLearningMonitor("make_rollout_func")  # one warning per run (training.diagnosis)
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         refuse_vllm_settings(trainer.args, "make_rollout_func's rollouts")
@@ -54,6 +56,19 @@ def make_rollout_func(domain: str | Domain, config: EpisodeConfig | None = None,
                 seed=int(torch.randint(2**31, (1,)).item()), unfit="raise",  # TRL needs one row per prompt
             )  # fmt: skip
         rows = [_ended_row(e, policy.stop_ids) for e in batch.episodes]
+        model = getattr(trainer, "model", None)
+        if model is None or model.training:  # TRL repeats each prompt num_generations times: its runs of G are groups
+            size = getattr(trainer, "num_generations", None) or trainer.args.num_generations
+            groups, seen = [], {}
+            for e in batch.episodes:
+                groups.append((e.task_id, seen.get(e.task_id, 0) // size))
+                seen[e.task_id] = seen.get(e.task_id, 0) + 1
+            facts = [episode_facts(e.calls) for e in batch.episodes]
+            # this process's episodes; inline mode has no rehearse rows (rehearsals train inside the episode's row)
+            no_learning.observe(
+                step_evidence(groups, [e.reward for e in batch.episodes], facts),
+                emit=getattr(getattr(trainer, "accelerator", None), "is_main_process", True),
+            )
         return {
             "prompt_ids": [list(r.prompt_ids) for r in rows],
             "completion_ids": [list(r.completion_ids) for r in rows],
