@@ -199,7 +199,11 @@ class VLLMPolicy:
 
     def release(self) -> None:
         """Shut the engine down and give its memory back (on a GPU, before the next engine of the process starts);
-        the policy cannot generate afterwards."""
+        the policy cannot generate afterwards. On vLLM's CPU backend it does nothing: there the engine's memory is
+        the machine's, and shutting one engine down tears down the parallel state every later engine of the
+        process starts from (the next one fails with ``'NoneType' object has no attribute 'rank'``)."""
+        if on_cpu_platform():
+            return
         import gc
 
         core = getattr(getattr(getattr(self, "llm", None), "llm_engine", None), "engine_core", None)
