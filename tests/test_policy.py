@@ -163,7 +163,7 @@ def test_vllm_server_policy_spreads_requests_seeds_each_and_names_a_dead_server(
 
     from envace_gym import ServerError
     from envace_gym.policy import VLLMServerPolicy
-    from envace_gym.policy.vllm_server import request_seed
+    from envace_gym.policy.vllm import request_seed
 
     seen: list[tuple[int, dict]] = []
 

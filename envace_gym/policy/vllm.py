@@ -221,18 +221,7 @@ class VLLMPolicy:
         load_weights(self.llm, weights)
 
     def _request_params(self, params: SamplingParams, indices: Sequence[int], lengths: Sequence[int]) -> list[Any]:
-        common = {
-            "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k if params.top_k > 0 else -1,
-            "min_tokens": params.min_new_tokens,
-            "stop_token_ids": list(self.stop_ids),
-            "stop": list(params.stop) or None,
-            "include_stop_str_in_output": True,
-            "skip_special_tokens": False,
-            "logprobs": 0,  # the sampled token's own log-probability only
-        }
+        common = request_fields(params, self.stop_ids)
         if params.seed is None:
             return [self._vllm.SamplingParams(**common)] * len(indices)
         # One seed per request: the same prompt G times must give G samples, and the batch stays reproducible.
@@ -246,7 +235,7 @@ class VLLMPolicy:
                     stacklevel=3,
                 )
                 self._warned_unseeded = True
-            seed = {"seed": (params.seed * 1_000_003 + i) % 2**31} if seeded else {}
+            seed = {"seed": request_seed(params.seed, i)} if seeded else {}
             requests.append(self._vllm.SamplingParams(**common, **seed))
         return requests
 
@@ -290,6 +279,28 @@ class VLLMPolicy:
             parts[-1].append(i)
             filled += len(prompt)
         return parts
+
+
+def request_fields(params: SamplingParams, stop_ids: Sequence[int]) -> dict[str, Any]:
+    """vLLM's sampling fields of one request (``SamplingParams``' names, which its server's completions API takes
+    too): ends kept as the last token, the sampled token's own log-probability."""
+    return {
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "min_tokens": params.min_new_tokens,
+        "stop_token_ids": list(stop_ids),
+        "stop": list(params.stop) or None,
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+        "logprobs": 0,  # the sampled token's own log-probability only
+    }
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The seed of a seeded batch's ``index``-th request: the same prompt G times gives G samples, reproducibly."""
+    return (seed * 1_000_003 + index) % 2**31
 
 
 def load_weights(llm: Any, weights: Iterable[tuple[str, Any]]) -> None:

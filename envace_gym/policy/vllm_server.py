@@ -47,17 +47,13 @@ from typing import Any
 from ..errors import PolicyError, ServerError
 from .protocol import Generation, SamplingParams
 from .tokens import stop_token_ids
+from .vllm import request_fields, request_seed
 
 DEFAULT_CONCURRENCY = 64  # requests in flight at once, over all servers
 START_HINT = (
     "start it with VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model <folder> "
     "--enable-prefix-caching --logprobs-mode processed_logprobs (docs/training.md)"
 )
-
-
-def request_seed(seed: int, index: int) -> int:
-    """The seed of a seeded batch's ``index``-th request (``VLLMPolicy``'s derivation)."""
-    return (seed * 1_000_003 + index) % 2**31
 
 
 class VLLMServerPolicy:
@@ -187,16 +183,7 @@ class VLLMServerPolicy:
         payload: dict[str, Any] = {
             "model": self.model_name,
             "prompt": [int(t) for t in prompt],
-            "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k if params.top_k > 0 else -1,
-            "min_tokens": params.min_new_tokens,
-            "stop_token_ids": list(self.stop_ids),
-            "stop": list(params.stop),
-            "include_stop_str_in_output": True,
-            "skip_special_tokens": False,
-            "logprobs": 0,  # the sampled token's own log-probability only
+            **request_fields(params, self.stop_ids),  # as the in-process engine samples
             "return_token_ids": True,
         }
         if params.seed is not None:  # one seed per request: the same prompt G times gives G samples
@@ -314,4 +301,4 @@ def write_checkpoint(weights: Iterable[tuple[str, Any]], folder: str | Path, con
     return folder
 
 
-__all__ = ["VLLMServerPolicy", "request_seed", "write_checkpoint"]
+__all__ = ["VLLMServerPolicy", "write_checkpoint"]
