@@ -47,7 +47,10 @@ def test_default_device_rule(monkeypatch):
     with pytest.raises(PolicyError, match="unknown device"):
         default_device("gpu0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert default_device() == torch.device("cuda")
+    monkeypatch.setenv("LOCAL_RANK", "3")  # a launcher's fourth process: its own GPU
+    assert default_device() == torch.device("cuda:3")
     monkeypatch.setenv("ENVACE_DEVICE", "cpu")
     assert default_device() == torch.device("cpu")  # the environment overrides the rule
     assert default_device("cuda:1") == torch.device("cuda:1")  # and an argument overrides both

@@ -1,8 +1,9 @@
 """Where models run: the one rule every loader and recipe follows.
 
-:func:`default_device` is ``cuda`` when torch sees a CUDA device and ``cpu`` otherwise; ``$ENVACE_DEVICE``
-(``cpu``, ``cuda``, ``cuda:1``, ...) or an explicit ``device`` argument (the ``device`` setting of ``envace
-experiment``, ``TransformersPolicy.from_pretrained(device=...)``, ``sft_steps(device=...)``) overrides it.
+:func:`default_device` is ``cuda`` when torch sees a CUDA device (``cuda:$LOCAL_RANK`` in a process that
+``torchrun`` or ``accelerate launch`` started, so each rank takes its own GPU) and ``cpu`` otherwise;
+``$ENVACE_DEVICE`` (``cpu``, ``cuda``, ``cuda:1``, ...) or an explicit ``device`` argument
+(``TransformersPolicy.from_pretrained(device=...)``, ``sft_steps(device=...)``) overrides it.
 Loaders put the model there (:func:`place`); the trainers take the policy's model where it is and compute on its
 device, and the compute dtype ``auto`` is resolved for that device (:mod:`.precision`).
 """
@@ -20,8 +21,11 @@ DEVICE_ENV = "ENVACE_DEVICE"
 
 
 def default_device(override: str | torch.device | None = None) -> torch.device:
-    """``override``, else ``$ENVACE_DEVICE``, else ``cuda`` when a CUDA device is visible, else ``cpu``."""
-    choice = override or os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
+    """``override``, else ``$ENVACE_DEVICE``, else ``cuda`` (this rank's, under a launcher) when a CUDA device is
+    visible, else ``cpu``."""
+    local = os.environ.get("LOCAL_RANK")
+    cuda = f"cuda:{local}" if local is not None and local.isdigit() else "cuda"
+    choice = override or os.environ.get(DEVICE_ENV) or (cuda if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(choice)
     except (RuntimeError, TypeError) as exc:
