@@ -37,6 +37,16 @@ def narrow_engine(tiny_vllm_folder, engine):
     return VLLMPolicy(tiny_vllm_folder, engine_kwargs={"max_num_batched_tokens": 4096})
 
 
+@pytest.fixture(scope="module")
+def reloadable_engine(tiny_vllm_folder, engine):
+    """An engine of its own, for a test that loads other weights into it. Module-scoped for the same reason as
+    ``narrow_engine``: freed at the end of a test, it took the parallel state with it and the next engine of the
+    process (envace experiment's) failed to start."""
+    from envace_gym.policy.vllm import VLLMPolicy
+
+    return VLLMPolicy(tiny_vllm_folder, dtype="float32")
+
+
 def _prompt(policy, text="Convert 3 km to miles."):
     chat = [{"role": "user", "content": text}]
     rendered = policy.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
@@ -197,7 +207,9 @@ def test_the_readable_trainer_rolls_out_on_an_engine_that_holds_the_trained_weig
     assert (torch.tensor(gen.logprobs) - stale).abs().max() > 10 * LOGPROB_TOLERANCE  # not the checkpoint's
 
 
-def test_fsdp2_shards_gathered_as_trl_gathers_them_load_the_engine_with_the_whole_model(tiny_vllm_folder, tmp_path):
+def test_fsdp2_shards_gathered_as_trl_gathers_them_load_the_engine_with_the_whole_model(
+    tiny_vllm_folder, reloadable_engine, tmp_path
+):
     """TRL's trainer cannot be sharded on a CPU (accelerate sets up FSDP and DeepSpeed for accelerators only;
     docs/training.md), so the path its colocated engine takes under FSDP2 is tested in two parts: two gloo
     processes shard a model with fully_shard and gather it with TRL's own ``_iter_named_params``
@@ -232,7 +244,7 @@ def test_fsdp2_shards_gathered_as_trl_gathers_them_load_the_engine_with_the_whol
     whole = moved(str(tiny_vllm_folder))
     assert [n for n, _ in stream] == [n for n, _ in whole.named_parameters()]  # tied weights once, vLLM's names
 
-    engine = VLLMPolicy(tiny_vllm_folder, dtype="float32")
+    engine = reloadable_engine
     generation = SimpleNamespace(llm=engine.llm, _iter_named_params=lambda: iter(stream))
     _sync_vllm_on_cpu(SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="colocate"), vllm_generation=generation))
     generation.sync_weights()
