@@ -36,6 +36,20 @@ def _fresh_logprobs(model, prompt, completion):
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0], logits
 
 
+def _assert_holds(policy, tokenizer, folder, weights):
+    """The generator scores a completion as the model with ``weights`` does (within the tolerance), and not as
+    the starting checkpoint in ``folder`` (more than 10 tolerances away): it was given the new weights."""
+    prompt = _prompt(tokenizer)
+    (gen,) = policy.generate([prompt], SamplingParams(max_new_tokens=12, temperature=1.0, seed=4))
+    trained = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    trained.load_state_dict(weights)
+    synced, _ = _fresh_logprobs(trained, prompt, gen.completion_ids)
+    start = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    stale, _ = _fresh_logprobs(start, prompt, gen.completion_ids)
+    assert torch.allclose(torch.tensor(gen.logprobs), synced, atol=LOGPROB_TOLERANCE)
+    assert (torch.tensor(gen.logprobs) - stale).abs().max() > 10 * LOGPROB_TOLERANCE
+
+
 def _length_reward(completions, **kwargs):
     """Rewards that differ between episodes, so that advantages are not all 0 and a step changes the weights
     (the untrained model earns no task reward)."""
@@ -101,16 +115,7 @@ def test_envace_trainer_trains_on_colocated_vllm_and_syncs_its_weights_each_step
     assert {"sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean"} <= logged
     assert all(e["rows/act"] > 0 for e in trainer.state.log_history if "rows/act" in e)
     # the engine now holds the weights of the end of step 1 (synced before step 2's rollouts)
-    policy = trainer._envace_policy
-    prompt = _prompt(tokenizer)
-    (gen,) = policy.generate([prompt], SamplingParams(max_new_tokens=12, temperature=1.0, seed=4))
-    step_one = AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32)
-    start = AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32)
-    step_one.load_state_dict(after_step[0])
-    synced, _ = _fresh_logprobs(step_one, prompt, gen.completion_ids)
-    stale, _ = _fresh_logprobs(start, prompt, gen.completion_ids)
-    assert torch.allclose(torch.tensor(gen.logprobs), synced, atol=LOGPROB_TOLERANCE)
-    assert (torch.tensor(gen.logprobs) - stale).abs().max() > 10 * LOGPROB_TOLERANCE  # 2.6 away (measured): it moved
+    _assert_holds(trainer._envace_policy, tokenizer, tiny_vllm_folder, after_step[0])  # 2.6 from the start (measured)
 
 
 def test_lora_training_on_colocated_vllm_loads_the_merged_weights(tokenizer, tiny_vllm_folder, tmp_path):
@@ -333,15 +338,7 @@ def test_envace_trainer_trains_against_a_vllm_server_and_reloads_its_weights_eac
     step_one_log = next(e for e in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in e)
     assert abs(step_one_log["sampling/importance_sampling_ratio/mean"] - 1) < 0.01  # on-policy, as TRL measures it
     # the server now holds the weights of the end of step 1 (synced before step 2's rollouts)
-    prompt = _prompt(tokenizer)
-    (gen,) = policy.generate([prompt], SamplingParams(max_new_tokens=12, temperature=1.0, seed=4))
-    step_one = AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32)
-    start = AutoModelForCausalLM.from_pretrained(tiny_vllm_folder, dtype=torch.float32)
-    step_one.load_state_dict(after_step[0])
-    synced, _ = _fresh_logprobs(step_one, prompt, gen.completion_ids)
-    stale, _ = _fresh_logprobs(start, prompt, gen.completion_ids)
-    assert torch.allclose(torch.tensor(gen.logprobs), synced, atol=LOGPROB_TOLERANCE)
-    assert (torch.tensor(gen.logprobs) - stale).abs().max() > 10 * LOGPROB_TOLERANCE
+    _assert_holds(policy, tokenizer, tiny_vllm_folder, after_step[0])
 
 
 def test_a_server_killed_mid_step_fails_the_step_naming_it_and_the_run_resumes_on_a_new_server(
