@@ -132,9 +132,10 @@ KEPT = {
                            "list_domains", "SPLITS", "stable_hash", "score_expected"],
     "envace_gym.policy": ["Policy", "SamplingParams", "Generation", "TransformersPolicy", "make_policy",
                           "check_model_source", "stop_token_ids", "END_OF_TURN_TOKENS"],
-    "envace_gym.episode": ["Episode", "EpisodeConfig", "GenerationRequest", "Row", "StepOutcome", "REHEARSAL_MODES"],
+    "envace_gym.episode": ["Episode", "EpisodeConfig", "GenerationRequest", "Role", "Row", "StepOutcome",
+                           "REHEARSAL_MODES"],
     "envace_gym.env": ["RehearsalEnv", "DEFAULT_DOMAIN"],
-    "envace_gym.rollout": ["collect_rollouts", "RolloutBatch", "EpisodeResult", "Sample", "ACT_SOURCES"],
+    "envace_gym.rollout": ["collect_rollouts", "RolloutBatch", "EpisodeResult", "ACT_SOURCES"],
     "envace_gym.cli": ["main", "build_parser"],
 }  # fmt: skip
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from envace_gym.cli import main
+from envace_gym.domains import CallRecord
+from envace_gym.tools import ToolCall
 from envace_gym.training.diagnosis import NoLearningMonitor, NoLearningWarning, diagnose, step_evidence
 
 CALENDAR = f"{Path(__file__).resolve().parents[1] / 'examples' / 'calendar_domain.py'}:CalendarDomain"
@@ -119,8 +121,8 @@ def test_make_rollout_func_says_why_nothing_learns_once_and_not_when_groups_have
     trainer = SimpleNamespace(args=GRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, use_cpu=True, report_to="none",
     ))  # fmt: skip
-    malformed = {"validated": False, "route": None, "requestor": "assistant"}
-    rehearsed = {"validated": True, "route": "rehearsal", "requestor": "assistant", "error": None}
+    malformed = CallRecord(1, None, None)
+    rehearsed = CallRecord(1, ToolCall("convert", {}), "rehearsal")
     for rewards, calls, expected in (
         ([0.0, 0.0, 0.0, 0.0], [[malformed]] * 4, "its 4 call(s) were all malformed or invalid"),
         ([0.0, 1.0, 0.5, 0.5], [[rehearsed]] * 4, None),

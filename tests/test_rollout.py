@@ -265,7 +265,7 @@ def test_collect_rollouts_honours_max_user_turns():
     (played,) = collect_rollouts(ScriptedPolicy([]), "travel", ["travel/004"], **kwargs).episodes
     assert played.terminated and played.reward == 1.0
     (cut,) = collect_rollouts(ScriptedPolicy([]), "travel", ["travel/004"], max_user_turns=1, **kwargs).episodes
-    assert cut.truncated and not cut.terminated and cut.truncation == "max_user_turns"
+    assert cut.truncated and not cut.terminated and cut.termination_reason == "max_user_turns"
     assert sum(m["role"] == "user" for m in cut.messages) == 2  # the second user turn arrived, then the cut
 
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,13 +14,13 @@ import torch
 
 import envace_gym  # noqa: F401
 from envace_gym import make_domain
-from envace_gym.episode import Row
+from envace_gym.episode import Role, Row
 from envace_gym.errors import TrainingConfigError
 from envace_gym.evaluation import evaluate
 from envace_gym.integrations import trl as envace_trl
 from envace_gym.integrations.trl import envace_grpo_trainer, refusals, trainer_policy
 from envace_gym.integrations.trl import rollout_func as rollout_module
-from envace_gym.rollout import EpisodeResult, RolloutBatch, Sample
+from envace_gym.rollout import EpisodeResult, RolloutBatch
 from envace_gym.testing import ScriptedPolicy, tiny_policy
 from envace_gym.training import TrainerConfig, grpo_loss, rolewise_advantages, sft_rows
 from envace_gym.training.trainer import train
@@ -62,7 +63,7 @@ def hand_made_rows(policy, n_per_role=2):
                 logits = policy.model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
             logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
             rows.append(
-                Sample(role, 0, len(rows), tuple(prompt), tuple(completion), tuple(logp), (1,) * 6, float(k % 2))
+                Row(Role(role), tuple(prompt), tuple(completion), tuple(logp), (1,) * 6, 0, len(rows), float(k % 2))
             )
     return rows
 
@@ -87,9 +88,7 @@ def test_custom_trainer_loss_gives_gradients_from_both_roles():
 def test_dual_clip_bounds_negative_advantages():
     policy = tiny_policy(seed=3)
     row = hand_made_rows(policy, 1)[0]
-    stale = Sample(
-        row.role, 0, 0, row.prompt_ids, row.completion_ids, tuple(x - 5.0 for x in row.logprobs), row.mask, 0.0
-    )
+    stale = replace(row, episode=0, logprobs=tuple(x - 5.0 for x in row.logprobs), reward=0.0)
     config = TrainerConfig(delta=3.0)
     loss, _ = grpo_loss(policy.model, [stale], [-1.0], config, total_tokens=6)
     # ratio = e^5 >> c: each token's loss is capped at c * |A| = 3
@@ -190,7 +189,7 @@ def crafted_batch(policy, task_ids):
     for i, task_id in enumerate(task_ids):
         mine = [r for r in rows if r.episode in (i, i + len(task_ids))]
         reward = float(i % 2)
-        as_rows = [Row(r.role, r.prompt_ids, r.completion_ids, r.logprobs, r.mask) for r in mine]
+        as_rows = [replace(r, group=-1, episode=-1, reward=None) for r in mine]  # unlabelled, as an episode makes them
         episodes.append(
             EpisodeResult(i, i, task_id, reward, bool(reward), True, False, 1, {}, [], [], as_rows, as_rows[0])
         )

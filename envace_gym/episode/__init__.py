@@ -13,7 +13,7 @@ from .config import MAX_USER_TURNS, ON_INVALID, REHEARSAL_MODES, EpisodeConfig, 
 from .driver import EpisodeDriver, NoGeneration, generate_batched, open_session
 from .episode import NOTHING_MORE, Episode, TurnCoroutine
 from .transcript import Transcript
-from .types import CallState, GenerationRequest, Row, StepOutcome
+from .types import CallState, GenerationRequest, Role, Row, StepOutcome
 from .users import UserReply, UserRequest, UserSimulator
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "NoGeneration",
     "ON_INVALID",
     "REHEARSAL_MODES",
+    "Role",
     "Row",
     "StepOutcome",
     "TurnCoroutine",

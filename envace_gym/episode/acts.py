@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..policy.protocol import Generation
-from .types import Row
+from .types import Role, Row
 
 if TYPE_CHECKING:
     from .episode import Episode
@@ -33,7 +33,7 @@ def record_act(
     """The Act turn joins the conversation (trained tokens); a generated one is also an ``act`` row."""
     prompt = tuple(episode.prompt_ids)
     if act is not None:
-        episode.rows.append(Row("act", prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
+        episode.rows.append(Row(Role.ACT, prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
     info["act"] = {
         "prompt_ids": list(prompt),
         "completion_ids": list(ids),

@@ -133,6 +133,7 @@ class Episode:
         )
         self.termination_reason: str | None = None  # why it ended, in τ²-Bench's words where τ² has them
         self.opening_error: str | None = None
+        self.user_error: str | None = None  # why the simulated user's reply could not be used (the end, masked)
         if opening is not None and not opening.text:
             self.opening_error = opening.error or f"the user ended the conversation ({opening.stop}) before it began"
             logger.warning("episode of %s opens with the task's prompt: %s", task.id, self.opening_error)

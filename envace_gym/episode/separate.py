@@ -20,7 +20,7 @@ from ..rehearsal.prompt import rehearsal_messages, rehearsal_prompt
 from ..text import clean_text
 from ..tools.schema import ToolCall
 from .responses import overflow, payload, record_rehearsal, tool_message
-from .types import CallState, GenerationRequest, Row
+from .types import CallState, GenerationRequest, Role, Row
 
 if TYPE_CHECKING:
     from .episode import Episode
@@ -65,7 +65,7 @@ def rehearse(
                 error = read.error or registry[call.name].validate_result(read.result)  # type: ignore[index]
             record_rehearsal(info, call, attempt, gen, error)
             episode.rows.append(
-                Row("rehearse", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
+                Row(Role.REHEARSE, gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
             )
             if error is None:
                 state.response, state.error = read.result, None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..domains.trajectory import CallRecord
-from .types import Row
+from .types import Role, Row
 
 Mark = dict[str, Any]  # a field's length (a list) or value (anything else): see Transcript.mark
 
@@ -64,7 +64,7 @@ class Transcript:
 
     def episode_row(self) -> Row:
         """Everything after the opening prompt as one row."""
-        return Row("episode", self.initial_prompt_ids, tuple(self.ids), tuple(self.logprobs), tuple(self.mask))
+        return Row(Role.EPISODE, self.initial_prompt_ids, tuple(self.ids), tuple(self.logprobs), tuple(self.mask))
 
     def mark(self) -> Mark:
         """Where the transcript stands: each list's length, each other field's value."""

@@ -20,7 +20,7 @@ from . import separate
 from .endings import bound_reached, continue_or_end, end_at_bound, finish, outcome
 from .responses import payload, tool_message
 from .routes import answer_without_model
-from .types import CallState, GenerationRequest, Row, StepOutcome
+from .types import CallState, GenerationRequest, Role, Row, StepOutcome
 from .users import UserReply, UserRequest, UserSimulator
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def user_failed(episode: Episode, error: str, info: dict[str, Any]) -> StepOutco
     failed run, as τ² does)."""
     logger.warning("episode of %s masked: %s", episode.task.id, error)
     episode.done, episode.reward_result, episode.termination_reason = True, RewardResult(None, {}), "user_error"
-    info["user_error"] = error
+    episode.user_error = info["user_error"] = error
     return outcome(episode, 0.0, False, True, info)
 
 
@@ -102,11 +102,11 @@ def _user_tool_turn(
 
 
 def keep_user_row(episode: Episode, reply: UserReply) -> None:
-    """A trained user's generation (``user="rehearse"``) is a training row of role ``"user"``."""
+    """A trained user's generation (``user="rehearse"``) is a training row of role :attr:`~.types.Role.USER`."""
     gen = reply.generation
     if episode.user is not None and episode.user.trained and gen is not None and gen.completion_ids:
         episode.rows.append(
-            Row("user", gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
+            Row(Role.USER, gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
         )
 
 

@@ -191,7 +191,7 @@ def evaluate(
              "termination_reason": e.termination_reason, **({"user_error": e.user_error} if e.user_error else {})}
             for e in episodes
         ],
-        real_calls=sum(sum(1 for c in e.calls if c["route"] == "real") for e in real.episodes),
+        real_calls=sum(e.real_calls for e in real.episodes),
         rehearsal_tokens=actor.stats["rehearsal_tokens"] if actor is not None else 0,
         kept_turns=actor.stats["kept_turns"] if actor is not None else 0,
         act_tokens=int(real.stats["act_tokens"]),
@@ -264,16 +264,16 @@ def _fidelity(
         shadow = dom.make_executor(task)
         recorded = ReferenceCache(task.reference_pairs())  # the truth when there are no real tools
         for record in episode.calls:
-            if not record["validated"]:
+            if not record.validated or record.call is None:
                 continue
-            call = ToolCall(record["name"], record["arguments"])
+            call = record.call
             try:
                 known, truth = (True, shadow.execute(call)) if shadow is not None else recorded.lookup(call)
             except Exception as exc:  # the tool's own bug: no truth here, and its state is unknown from here on
                 logger.warning("fidelity: %s's %s raised (%s: %s); its later calls are not compared",
                                task.id, call.name, type(exc).__name__, exc)  # fmt: skip
                 break
-            if record["route"] != "rehearsal" or not known:
+            if record.route != "rehearsal" or not known:
                 continue
             checks.append(check_rehearsal(record, truth))
     share = lambda name: sum(getattr(c, name) for c in checks) / len(checks) if checks else float("nan")  # noqa: E731

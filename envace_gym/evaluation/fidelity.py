@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..domains.trajectory import CallRecord
 from ..errors import ErrorCode
 from ..tools.canonical import canonical, canonical_json
 
@@ -16,7 +17,7 @@ from ..tools.canonical import canonical, canonical_json
 NUMBER_TOLERANCE = 0.01
 
 # The codes of a rehearsal that broke the <execution_result> contract (or its bounds): it did not parse.
-UNPARSED = (ErrorCode.INVALID_REHEARSAL.value, ErrorCode.LIMIT_EXCEEDED.value)
+UNPARSED = (ErrorCode.INVALID_REHEARSAL, ErrorCode.LIMIT_EXCEEDED)
 
 
 @dataclass(frozen=True)
@@ -38,18 +39,17 @@ class RehearsalCheck:
     fields: float
 
 
-def check_rehearsal(record: Mapping[str, Any], real: Any) -> RehearsalCheck:
+def check_rehearsal(record: CallRecord, real: Any) -> RehearsalCheck:
     """Compare a rehearsed call (an entry of ``episode.calls`` whose ``route`` is ``"rehearsal"``) with ``real``,
     what the real executor (or, without one, the recorded reference result) returns for that call."""
-    error = record["error"]
-    code = error["code"] if error else None
+    code = record.error.code if record.error is not None else None
     accepted = code is None
-    equal = accepted and canonical_json(record["result"]) == canonical_json(real)
+    equal = accepted and canonical_json(record.result) == canonical_json(real)
     return RehearsalCheck(
         parsed=code not in UNPARSED,
         schema_ok=accepted,
         equal=equal,
-        fields=1.0 if equal else field_share(record["result"], real) if accepted else 0.0,
+        fields=1.0 if equal else field_share(record.result, real) if accepted else 0.0,
     )
 
 

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +77,12 @@ def _sft_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _grpo_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    from dataclasses import replace
-
     from ..policy.factory import make_policy
-    from ..rollout.collector import Sample
+    from ..episode.types import Role, Row
     from ..training.trainer import TrainerConfig, _micro_batches, grpo_loss
 
     with open(spec["rows"], encoding="utf-8") as f:
-        rows = [Sample(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()})
+        rows = [Row(**{k: Role(v) if k == "role" else tuple(v) if isinstance(v, list) else v for k, v in r.items()})
                 for r in json.load(f)[spec["workload"]]]  # fmt: skip
     policy = make_policy(spec["model"])
     model = policy.model.train()
@@ -152,7 +150,7 @@ class _Runner:
 def _act_rows(episode: Any) -> list[Any]:
     """The Act rows of an episode whose Act turns were given (not generated): each Act turn in its context,
     cut from the episode row (its trained runs are the Act turns)."""
-    from ..rollout.collector import Sample
+    from ..episode.types import Role, Row
 
     row, rows, start = episode.episode_row, [], None
     for i, m in enumerate((*row.mask, 0)):
@@ -161,8 +159,8 @@ def _act_rows(episode: Any) -> list[Any]:
         elif not m and start is not None:
             prompt = row.prompt_ids + row.completion_ids[:start]
             rows.append(
-                Sample("act", episode.group, episode.index, prompt, row.completion_ids[start:i],
-                       row.logprobs[start:i], (1,) * (i - start), episode.reward)
+                Row(Role.ACT, prompt, row.completion_ids[start:i], row.logprobs[start:i], (1,) * (i - start),
+                    episode.group, episode.index, episode.reward)
             )  # fmt: skip
             start = None
     return rows
@@ -179,24 +177,24 @@ def _collect_rows(
     from ..domains.registry import make_domain
     from ..policy.factory import make_policy
     from ..rehearsal.prompt import RehearsalConfig
-    from ..rollout.collector import Sample, collect_rollouts
+    from ..episode.types import Role, Row
+    from ..rollout.collector import collect_rollouts
 
     policy, dom = make_policy(model), make_domain(domain)
     picks = np.random.default_rng(seed).choice(len(dom.tasks("train")), tasks, replace=False)
     chosen = [dom.tasks("train")[int(i)] for i in picks]
     rehearse = RehearsalConfig(max_new_tokens=tokens, temperature=1.0)  # reference acts: only the Rehearse role samples
-    rows: dict[str, list[Sample]] = {}
+    rows: dict[str, list[Row]] = {}
     for mode in ("separate", "inline"):
         batch = collect_rollouts(
             policy, dom, chosen, group, act="reference", rehearsal_mode=mode, rehearsal=rehearse, seed=seed,
             on_invalid="feedback",
         )  # fmt: skip
         if mode == "separate":
-            rows["separate"] = [r for e in batch.episodes for r in _act_rows(e)] + batch.samples(["rehearse"])
+            rows["separate"] = [r for e in batch.episodes for r in _act_rows(e)] + batch.samples([Role.REHEARSE])
             # The same episodes as the real-tools baseline trains them: one row each, the Act tokens trained.
             rows["real-tools"] = [
-                Sample("episode", e.group, e.index, e.episode_row.prompt_ids, e.episode_row.completion_ids,
-                       e.episode_row.logprobs, e.episode_row.mask, e.reward)
+                replace(e.episode_row, group=e.group, episode=e.index, reward=e.reward)
                 for e in batch.episodes
             ]  # fmt: skip
         else:

@@ -21,7 +21,6 @@ from ..policy.protocol import Policy
 from ..rehearsal.prompt import rollout_sampling
 from ..rollout.collector import collect_rollouts
 from ..text import shorten
-from ..tools.schema import ToolCall
 
 
 @dataclass
@@ -79,7 +78,7 @@ def run_demo(
     for k, (task, episode) in enumerate(zip(tasks, batch.episodes, strict=True)):
         write(f"\n[{k + 1}/{episodes}] {task.id}: {task.prompt}\n")
         shadow = dom.make_executor(task)
-        records = {c["id"]: c for c in episode.calls if c["id"] is not None}
+        records = {c.call.id: c for c in episode.calls if c.call is not None}
         for message in episode.messages[2:]:
             if message["role"] == "assistant":
                 write(f"  act: {_line(message['content'])}\n")
@@ -87,15 +86,11 @@ def run_demo(
                 write(f"  user: {_line(message['content'])}\n")
             elif message["role"] == "tool" and message.get("tool_call_id") in records:
                 record = records[message["tool_call_id"]]
-                real = (
-                    shadow.execute(ToolCall(record["name"], record["arguments"]))
-                    if shadow and record["validated"]
-                    else None
-                )
-                if record["route"] != "rehearsal":
+                real = shadow.execute(record.call) if shadow and record.validated and record.call else None
+                if record.route != "rehearsal":
                     continue
-                error = record["error"]
-                shown = record["result"] if error is None else f"{error['code']}: {error['message']}"
+                error = record.error
+                shown = record.result if error is None else f"{error.code.value}: {error.message}"
                 check = check_rehearsal(record, real)
                 stats.rehearsals += 1
                 stats.parsed += check.schema_ok  # well-formed: accepted as the call's result

@@ -6,16 +6,18 @@ together and their rehearsals are generated in one call per round (:class:`~enva
 Finished episodes leave the batch. Act prompts grow by appending ids (nothing is re-tokenized).
 
 The result holds, per episode, the reward and the messages, and the training rows: in ``separate`` mode one
-row per generation (role ``"act"`` or ``"rehearse"``, each with its own prompt), in ``inline`` mode one row
-per episode (role ``"episode"``) whose mask marks both roles' tokens; with ``user="rehearse"``, also one row per
-simulated user turn (role ``"user"``), in either mode.
+row per generation (:class:`~envace_gym.episode.Role` ``ACT`` or ``REHEARSE``, each with its own prompt), in
+``inline`` mode one row per episode (``EPISODE``) whose mask marks both roles' tokens; with ``user="rehearse"``, also
+one row per simulated user turn (``USER``), in either mode. Each episode's calls are typed records
+(:class:`~envace_gym.domains.CallRecord`), as the reward saw them.
 """
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -23,29 +25,16 @@ import numpy as np
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..domains.task import Task
+from ..domains.trajectory import CallRecord
 from ..episode.config import EpisodeConfig
 from ..episode.driver import Actor, EpisodeDriver, open_session
 from ..episode.episode import Episode
 from ..episode.start import simulated_user, start_episodes
-from ..episode.types import Row
+from ..episode.types import Role, Row, StepOutcome
 from ..policy.protocol import Policy
 from ..progress import Progress, ProgressReporter
 
 ACT_SOURCES = ("policy", "reference")
-
-
-@dataclass(frozen=True)
-class Sample:
-    """A training row with its episode's reward and its group (same task; GRPO groups)."""
-
-    role: str
-    group: int
-    episode: int
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    mask: tuple[int, ...]
-    reward: float | None
 
 
 @dataclass
@@ -62,13 +51,16 @@ class EpisodeResult:
     turns: int
     checks: dict[str, bool]
     messages: list[dict[str, Any]]
-    calls: list[dict[str, Any]]
+    calls: list[CallRecord]  # every call, in order (the agent's, and a user's with tools of its own)
     rows: list[Row]
     episode_row: Row  # the whole episode as one row (what `inline` trains; in `separate` mode, Act tokens marked)
-    error: dict[str, Any] | None = None
-    truncation: str | None = None  # why a truncated episode ended: "max_turns", "max_user_turns" or "context"
     user_error: str | None = None  # a simulated user's reply that could not be used (the episode is masked)
-    termination_reason: str | None = None  # why it ended (info["termination_reason"]: "user_stop", "max_steps", ...)
+    termination_reason: str | None = None  # why it ended ("user_stop", "max_steps", "context", ...)
+
+    @property
+    def real_calls(self) -> int:
+        """Calls the real executor answered (0 when every call is rehearsed)."""
+        return sum(c.route == "real" for c in self.calls)
 
 
 @dataclass
@@ -78,11 +70,12 @@ class RolloutBatch:
     episodes: list[EpisodeResult]
     stats: dict[str, float] = field(default_factory=dict)
 
-    def samples(self, roles: Iterable[str] | None = None) -> list[Sample]:
-        """Every training row, labelled with its group and its episode's reward."""
+    def samples(self, roles: Iterable[Role] | None = None) -> list[Row]:
+        """Every training row (of ``roles``: all by default), labelled with its group, its episode and the episode's
+        reward."""
         wanted = set(roles) if roles is not None else None
         return [
-            Sample(r.role, e.group, e.index, r.prompt_ids, r.completion_ids, r.logprobs, r.mask, e.reward)
+            replace(r, group=e.group, episode=e.index, reward=e.reward)
             for e in self.episodes
             for r in e.rows
             if wanted is None or r.role in wanted
@@ -92,14 +85,19 @@ class RolloutBatch:
     def rewards(self) -> list[float | None]:
         return [e.reward for e in self.episodes]
 
-    def reward_spread(self) -> dict[int, bool]:
-        """Per group: do its scored episodes earn different rewards? (A group without a spread gives GRPO no
-        gradient.)"""
-        by_group: dict[int, set[float]] = {}
-        for e in self.episodes:
-            if e.reward is not None:
-                by_group.setdefault(e.group, set()).add(round(e.reward, 9))
-        return {g: len(r) > 1 for g, r in by_group.items()}
+    def reward_spread(self) -> dict[Hashable, bool]:
+        """Per group: do its scored episodes earn different rewards? (:func:`reward_spread`)"""
+        return reward_spread([e.group for e in self.episodes], self.rewards)
+
+
+def reward_spread(groups: Sequence[Hashable], rewards: Sequence[float | None]) -> dict[Hashable, bool]:
+    """Per group with a scored episode (reward not ``None``): do its scored episodes earn different rewards? A group
+    without a spread gives GRPO no gradient."""
+    by_group: dict[Hashable, set[float]] = {}
+    for group, reward in zip(groups, rewards, strict=True):
+        if reward is not None:
+            by_group.setdefault(group, set()).add(round(reward, 9))
+    return {g: len(r) > 1 for g, r in by_group.items()}
 
 
 def collect_rollouts(
@@ -176,7 +174,7 @@ def collect_rollouts(
             counts["act_calls"] += 1
             counts["act_tokens"] += sum(len(m.completion_ids) for m in moves)
 
-    def on_end(i: int, outcome: Any) -> None:
+    def on_end(i: int, outcome: StepOutcome) -> None:
         results[i] = _result(i, groups[i], episodes[i], outcome)
         bar.update(1)
         if session is not None:
@@ -186,7 +184,7 @@ def collect_rollouts(
     driver.run(episodes, moves, actor=actor, on_round=on_round, on_end=on_end)
     bar.close()
     done = [r for r in results if r is not None]
-    rehearse_tokens = sum(len(r.completion_ids) for e in done for r in e.rows if r.role == "rehearse")
+    rehearse_tokens = sum(len(r.completion_ids) for e in done for r in e.rows if r.role is Role.REHEARSE)
     stats = {
         "seconds": time.perf_counter() - started,
         "episodes": len(done),
@@ -205,13 +203,13 @@ def collect_rollouts(
     return RolloutBatch(done, stats)
 
 
-def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeResult:
-    info = outcome.info
-    reward_masked = info.get("reward_masked", False)
+def _result(index: int, group: int, episode: Episode, outcome: StepOutcome) -> EpisodeResult:
+    """The finished episode as a typed record, read from the episode itself (its ``info`` is for Gymnasium's API)."""
+    ended = episode.reward_result  # set by every ending
     whole = episode.episode_row()
     # inline: the episode is one row, plus a trained user's own rows (its turns are context in the episode row)
     rows = (
-        [whole, *(r for r in episode.rows if r.role == "user")]
+        [whole, *(r for r in episode.rows if r.role is Role.USER)]
         if episode.config.rehearsal_mode == "inline"
         else list(episode.rows)
     )
@@ -219,18 +217,16 @@ def _result(index: int, group: int, episode: Episode, outcome: Any) -> EpisodeRe
         index=index,
         group=group,
         task_id=episode.task.id,
-        reward=None if reward_masked else float(outcome.reward),
-        success=bool(info.get("success", False)),
+        reward=None if ended is not None and ended.score is None else float(outcome.reward),
+        success=ended is not None and ended.success,
         terminated=outcome.terminated,
         truncated=outcome.truncated,
         turns=episode.turn,
-        checks=dict(info.get("reward_checks", {})),
-        messages=info["messages"],
-        calls=[r.to_dict() for r in episode.records],
+        checks=dict(ended.checks) if ended is not None else {},
+        messages=copy.deepcopy(episode.messages),
+        calls=list(episode.records),
         rows=rows,
         episode_row=whole,
-        error=info.get("error"),
-        truncation=info.get("truncation"),
-        user_error=info.get("user_error"),
-        termination_reason=info.get("termination_reason"),
+        user_error=episode.user_error,
+        termination_reason=episode.termination_reason,
     )

@@ -12,10 +12,10 @@ writes no tool call, so every episode of every group scores alike (``frac_reward
 from __future__ import annotations
 
 import warnings
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from ..domains.trajectory import CallRecord
 from ..errors import ErrorCode
 
 WARM_START = (
@@ -42,18 +42,18 @@ class StepEvidence:
     invalid_rehearsals: int  # of those, the ones whose rehearsal was invalid
 
 
-def episode_facts(calls: Iterable[Mapping[str, Any]]) -> tuple[int, int, int, int]:
+def episode_facts(calls: Iterable[CallRecord]) -> tuple[int, int, int, int]:
     """One episode's (calls written, valid calls, rehearsals, invalid rehearsals), from its call records
     (``EpisodeResult.calls``); calls a simulated user made with tools of its own are not the agent's."""
     written = valid = rehearsed = invalid = 0
     for call in calls:
-        if call.get("requestor", "assistant") != "assistant":
+        if call.requestor != "assistant":
             continue
         written += 1
-        valid += bool(call.get("validated"))
-        if call.get("route") == "rehearsal":
+        valid += call.validated
+        if call.route == "rehearsal":
             rehearsed += 1
-            invalid += (call.get("error") or {}).get("code") == ErrorCode.INVALID_REHEARSAL.value
+            invalid += call.error is not None and call.error.code is ErrorCode.INVALID_REHEARSAL
     return written, valid, rehearsed, invalid
 
 

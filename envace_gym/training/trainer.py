@@ -36,11 +36,12 @@ import torch
 from ..domains.domain import Domain
 from ..domains.registry import make_domain
 from ..episode.config import EpisodeSettings
+from ..episode.types import Role, Row
 from ..policy.precision import autocast, resolve_dtype
 from ..policy.protocol import Policy
 from ..policy.transformers import TransformersPolicy
 from ..rehearsal.prompt import rollout_sampling
-from ..rollout.collector import RolloutBatch, Sample, collect_rollouts
+from ..rollout.collector import RolloutBatch, collect_rollouts
 from . import metrics, sharding
 from .advantages import rolewise_advantages
 from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
@@ -141,7 +142,7 @@ class TrainerConfig(EpisodeSettings):
 
 def token_logprobs(
     model: Any,
-    rows: Sequence[Sample],
+    rows: Sequence[Row],
     temperature: float,
     *,
     packing: bool = True,
@@ -178,7 +179,7 @@ def micro_batches(items: list[Any], budget: int, size: Callable[[Any], int]) -> 
     return out
 
 
-def _micro_batches(model: Any, pairs: list[tuple[Sample, float]], config: TrainerConfig) -> list[list[Any]]:
+def _micro_batches(model: Any, pairs: list[tuple[Row, float]], config: TrainerConfig) -> list[list[Any]]:
     """(row, advantage) pairs in groups of one forward and backward each, within ``pack_tokens``:
     packed, the positions of a group's prefix tree (rows that share prefixes land together); plain, the
     padded size."""
@@ -190,7 +191,7 @@ def _micro_batches(model: Any, pairs: list[tuple[Sample, float]], config: Traine
 
 def grpo_loss(
     model: Any,
-    rows: Sequence[Sample],
+    rows: Sequence[Row],
     advantages: Sequence[float],
     config: TrainerConfig,
     total_tokens: int,
@@ -297,18 +298,20 @@ def train(
             )
 
         batch = roll_out(config.tasks_per_step)
-        zero_std, played, skipped = _zero_std_groups(batch), _groups(batch), batch.stats.get("skipped_tasks", 0)
+        played, zero_std = _group_counts(batch)
+        skipped = batch.stats.get("skipped_tasks", 0)
         if config.refill_zero_std:  # DAPO: keep only groups with a reward spread, refill the rest
             batch, rounds = _informative(batch), 0
             while _groups(batch) < config.tasks_per_step and rounds < config.refill_zero_std:
                 rounds += 1
                 extra = roll_out(config.tasks_per_step - _groups(batch))
-                zero_std, played = zero_std + _zero_std_groups(extra), played + _groups(extra)
+                more_played, more_zero_std = _group_counts(extra)
+                played, zero_std = played + more_played, zero_std + more_zero_std
                 skipped += extra.stats.get("skipped_tasks", 0)
                 batch = _merge(batch, _informative(extra))
         # (with a refill, the batch and the metrics below hold the kept groups only)
         # a frozen simulator's rehearsals are not trained; a rehearsed user's turns are (user="rehearse")
-        trained_roles = ("act", "episode", "user") if simulator is not None else ("act", "rehearse", "episode", "user")
+        trained_roles = [r for r in Role if r is not Role.REHEARSE or simulator is None]
         samples = [s for s in batch.samples(trained_roles) if any(s.mask)]
 
         # 2. Role-wise advantages: A = R - mean(R of the same role in the same group), no std division, over the
@@ -345,29 +348,22 @@ def train(
             engine.load_weights(model.named_parameters())
 
         # The global batch's figures: every rank's episodes, and its counts summed.
-        played_eps = [ep for part in _everyone(world, [_EpisodeTally.of(e) for e in batch.episodes]) for ep in part]
-        rows = [sum(s.role == role for s in samples) for role in metrics.ROLES]
-        tallies = _everyone(world, (zero_std, played, skipped, *totals.values(), *rows))
-        counts = [sum(c) for c in zip(*tallies, strict=True)]
+        tallies = [t for part in _everyone(world, [metrics.EpisodeTally.of(e, e.reward) for e in batch.episodes])
+                   for t in part]  # fmt: skip
+        roles = metrics.role_counts(samples)
+        summed = _everyone(world, (zero_std, played, skipped, *totals.values(), *roles.values()))
+        counts = [sum(c) for c in zip(*summed, strict=True)]
         zero_std, played, skipped, loss_sum, clipped, kl = counts[:6]
-        rewards = [e.reward for e in played_eps if e.reward is not None]
         logged = {  # the names every trainer logs (envace_gym.training.metrics)
             metrics.STEP: step + 1,
-            metrics.REWARD: float(np.mean(rewards)) if rewards else float("nan"),
-            metrics.SUCCESS: float(np.mean([e.success for e in played_eps])) if played_eps else float("nan"),
+            **metrics.step_metrics(
+                tallies, dict(zip(roles, counts[6:], strict=True)), trained_tokens=trained_tokens, groups=played,
+                zero_std_groups=zero_std, skipped_tasks=skipped,
+            ),
             metrics.LOSS: loss_sum,
             metrics.GRAD_NORM: grad_norm,
             metrics.KL: kl / max(trained_tokens, 1),
             metrics.CLIP_RATIO: clipped / max(trained_tokens, 1),
-            metrics.ZERO_STD: zero_std / played if played else float("nan"),  # no reward spread: no gradient
-            metrics.GROUPS: played,
-            metrics.SKIPPED_TASKS: skipped,  # drawn but too long to play (TaskTooLongError): no episode
-            metrics.REAL_TOOL_CALLS: sum(e.real_calls for e in played_eps),  # 0 with executor="rehearsal"
-            metrics.EPISODES: len(played_eps),
-            metrics.TURNS: float(np.mean([e.turns for e in played_eps])) if played_eps else float("nan"),
-            metrics.MASKED: sum(e.reward is None for e in played_eps),  # their verifier could not score them
-            metrics.TRAINED_TOKENS: trained_tokens,
-            **{metrics.rows(role): n for role, n in zip(metrics.ROLES, counts[6:], strict=True)},
             metrics.STEP_TIME: time.perf_counter() - started,
         }
         history.append(logged)
@@ -384,25 +380,9 @@ def train(
     return history
 
 
-@dataclass(frozen=True)
-class _EpisodeTally:
-    """What a step's metrics read of one episode (gathered from every rank)."""
-
-    reward: float | None
-    success: bool
-    turns: int
-    real_calls: int
-
-    @classmethod
-    def of(cls, episode: Any) -> _EpisodeTally:
-        real = sum(c["route"] == "real" for c in episode.calls)
-        return cls(episode.reward, episode.success, episode.turns, real)
-
-
 # A pass that trains nothing (mask 0): a rank with fewer micro-batches than the busiest runs it, so that every
 # rank gathers and reduces FSDP's shards the same number of times.
-_IDLE_ROW = Sample(role="act", group=-1, episode=-1, prompt_ids=(0,), completion_ids=(0,), logprobs=(0.0,), mask=(0,),
-                   reward=0.0)  # fmt: skip
+_IDLE_ROW = Row(Role.ACT, prompt_ids=(0,), completion_ids=(0,), logprobs=(0.0,), mask=(0,), reward=0.0)
 
 
 def _everyone(world: int, value: Any) -> list[Any]:
@@ -419,8 +399,9 @@ def _as_float(norm: torch.Tensor) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
-def _zero_std_groups(batch: RolloutBatch) -> int:
-    return sum(not spread for spread in batch.reward_spread().values())
+def _group_counts(batch: RolloutBatch) -> tuple[int, int]:
+    """The batch's groups, and those without a reward spread (:func:`~envace_gym.training.metrics.group_counts`)."""
+    return metrics.group_counts([e.group for e in batch.episodes], batch.rewards)
 
 
 def _groups(batch: RolloutBatch) -> int:

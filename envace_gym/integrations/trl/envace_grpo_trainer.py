@@ -17,6 +17,7 @@ from trl.extras.profiling import profiling_context
 from trl.trainer.utils import pad, use_adapter
 
 from ...domains.registry import make_domain
+from ...episode.types import Role, Row
 from ...errors import TrainingConfigError
 from ...rollout.collector import RolloutBatch, collect_rollouts
 from ...training import metrics as names
@@ -231,40 +232,34 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
                     metrics[f"{name}/max"].append(max(every))
                     if name.endswith("ratio"):
                         metrics[f"{name}/min"].append(min(every))
-        # envace_gym.training.metrics: the names (and meanings) the pure-torch trainer logs too
-        metrics[names.REWARD].append(_mean(gather_object([r for r in rewards if r is not None])))
-        metrics[names.SUCCESS].append(_mean(gather_object([float(e.success) for e in batch.episodes])))
-        # separate mode: act + rehearse rows; inline: one episode row each; user="rehearse": user rows too
-        for role in names.ROLES:
-            metrics[names.rows(role)].append(float(sum(gather_object([sum(s.role == role for s in samples)]))))
         self._log_completions(batch, samples, rewards, groups, mode)
-        metrics[names.EPISODES].append(float(sum(gather_object([len(batch.episodes)]))))
         tokens = sum(gather_object([sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)]))
         if mode == "train":  # TRL's count: every row's prompt and completion tokens
             self.state.num_input_tokens_seen += tokens
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
-        trained_tokens = sum(gather_object([sum(sum(s.mask) for s in samples if s.reward is not None)]))
-        metrics[names.TRAINED_TOKENS].append(float(trained_tokens))
-        spread: dict[Any, set[float]] = {}  # per group, its scored episodes' rewards
-        for group, reward in gather_object([(groups[i], r) for i, r in enumerate(rewards) if r is not None]):
-            spread.setdefault(group, set()).add(round(reward, 9))
-        metrics[names.GROUPS].append(float(len(spread)))
-        metrics[names.ZERO_STD].append(_mean([float(len(r) == 1) for r in spread.values()]))
-        real = sum(gather_object([sum(c["route"] == "real" for e in batch.episodes for c in e.calls)]))
-        metrics[names.REAL_TOOL_CALLS].append(float(real))
-        skipped = sum(gather_object([batch.stats.get("skipped_tasks", 0)]))  # too long to play: no episode
-        metrics[names.SKIPPED_TASKS].append(float(skipped))
-        metrics[names.TURNS].append(_mean(gather_object([float(e.turns) for e in batch.episodes])))
-        masked = sum(gather_object([int(r is None) for r in rewards]))
-        metrics[names.MASKED].append(float(masked))
-        self.masked_episodes = getattr(self, "masked_episodes", 0) + masked  # this run's, over all processes
+        # envace_gym.training.metrics: what the pure-torch trainer logs too, computed by the same function
+        scored = gather_object(list(zip(groups, rewards, strict=True)))  # every process's (group, reward) pairs
+        played, zero_std = names.group_counts([g for g, _ in scored], [r for _, r in scored])
+        # separate mode: act + rehearse rows; inline: one episode row each; user="rehearse": user rows too
+        per_role = gather_object([names.role_counts(samples)])
+        logged = names.step_metrics(
+            gather_object([names.EpisodeTally.of(e, r) for e, r in zip(batch.episodes, rewards, strict=True)]),
+            {role: sum(part[role] for part in per_role) for role in names.ROLES},
+            trained_tokens=sum(gather_object([sum(sum(s.mask) for s in samples if s.reward is not None)])),
+            groups=played,
+            zero_std_groups=zero_std,
+            skipped_tasks=sum(gather_object([batch.stats.get("skipped_tasks", 0)])),
+        )
+        for name, value in logged.items():
+            metrics[name].append(float(value))
+        self.masked_episodes = getattr(self, "masked_episodes", 0) + logged[names.MASKED]  # over all processes
         if mode == "train":  # why a step learns nothing, said once per run with the remedy
             mine = zip(groups, rewards, (episode_facts(e.calls) for e in batch.episodes), strict=True)
             facts = gather_object(list(mine))
             rehearses = self.args.executor != "real" and self.args.rehearsal_mode == "separate"
             self.no_learning.observe(
                 step_evidence([g for g, _, _ in facts], [r for _, r, _ in facts], [f for _, _, f in facts]),
-                int(metrics[names.rows("rehearse")][-1]) if rehearses else None,
+                int(logged[names.rows(Role.REHEARSE)]) if rehearses else None,
                 emit=self.accelerator.is_main_process,
             )
         self._envace_batches = getattr(self, "_envace_batches", 0) + 1
@@ -272,7 +267,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
         return output
 
     def _log_completions(
-        self, batch: RolloutBatch, samples: list[Any], rewards: list[float | None], groups: list[Any], mode: str
+        self, batch: RolloutBatch, samples: list[Row], rewards: list[float | None], groups: list[Any], mode: str
     ) -> None:
         """TRL's ``completions/*`` metrics and its prompt/completion table (``log_completions``), one entry per
         episode: its trained tokens, whether it was truncated (it stopped at a limit, not on its own), and its
