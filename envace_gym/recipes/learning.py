@@ -64,6 +64,7 @@ def learning_check(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..domains.registry import make_domain
+    from ..episode.types import Role
     from ..policy.device import place
     from ..policy.transformers import TransformersPolicy
     from ..training import metrics
@@ -99,7 +100,7 @@ def learning_check(
         "before": before,
         "after": after,
         "real_tool_calls": sum(h[metrics.REAL_TOOL_CALLS] for h in history),
-        "rows_rehearse": sum(h[metrics.rows("rehearse")] for h in history),
+        "rows_rehearse": sum(h[metrics.rows(Role.REHEARSE)] for h in history),
         "train_success": [h[metrics.SUCCESS] for h in history],
         "sft_seconds": sft_seconds,
         "rl_seconds": rl_seconds,

@@ -184,7 +184,7 @@ def collect_rollouts(
     driver.run(episodes, moves, actor=actor, on_round=on_round, on_end=on_end)
     bar.close()
     done = [r for r in results if r is not None]
-    rehearse_tokens = sum(len(r.completion_ids) for e in done for r in e.rows if r.role is Role.REHEARSE)
+    rehearse_tokens = sum(len(r.completion_ids) for e in done for r in e.rows if r.role == Role.REHEARSE)
     stats = {
         "seconds": time.perf_counter() - started,
         "episodes": len(done),
@@ -209,7 +209,7 @@ def _result(index: int, group: int, episode: Episode, outcome: StepOutcome) -> E
     whole = episode.episode_row()
     # inline: the episode is one row, plus a trained user's own rows (its turns are context in the episode row)
     rows = (
-        [whole, *(r for r in episode.rows if r.role is Role.USER)]
+        [whole, *(r for r in episode.rows if r.role == Role.USER)]
         if episode.config.rehearsal_mode == "inline"
         else list(episode.rows)
     )

@@ -33,6 +33,7 @@ from ..episode.driver import EpisodeDriver
 from ..episode.episode import Episode
 from ..episode.separate import rehearse_prompt
 from ..episode.start import start_episodes
+from ..episode.types import Role
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
 from ..policy.device import place
 from ..policy.precision import autocast, resolve_dtype
@@ -42,7 +43,7 @@ from .state import load_state, save_state
 
 logger = logging.getLogger("envace_gym")
 
-ROLES = ("act", "rehearse")
+ROLES = (Role.ACT, Role.REHEARSE)
 _REPLAY_GENERATES = "a reference replay asked for a generation; replays use the real executor or the recorded results"
 
 
@@ -50,7 +51,7 @@ def sft_rows(
     domain: str | Domain,
     tokenizer: Any,
     tasks: Iterable[Task | str],
-    roles: Sequence[str] = ROLES,
+    roles: Sequence[Role | str] = ROLES,
     rehearsal: RehearsalConfig | None = None,
     max_length: int | None = None,
 ) -> list[dict[str, Any]]:
@@ -62,7 +63,7 @@ def sft_rows(
     dom = make_domain(domain)
     unknown = set(roles) - set(ROLES)
     if unknown:
-        raise ValueError(f"roles must be among {ROLES}, got {sorted(unknown)}")
+        raise ValueError(f"roles must be among {[r.value for r in ROLES]}, got {sorted(unknown)}")
     # The replay needs no model: real tools answer the reference calls, or (a dataset, no real tools) the
     # recorded results do, every reference call being a cache hit.
     config = EpisodeConfig.build(executor="real" if _has_executor(dom) else "cached", rehearsal=rehearsal)
@@ -93,10 +94,10 @@ def sft_rows(
             turn = episode.task.reference[episode.turn]
             action = episode.reference_action(turn)  # the model family's own call syntax
             rows, task_id = made[episode.key], episode.task.id  # type: ignore[index]
-            if "act" in roles:  # the row, as the episode tokenizes the text turn, through the turn's end token
+            if Role.ACT in roles:  # the row, as the episode tokenizes the text turn, through the turn's end token
                 ids = chat.encode(action + chat.act_end(bool(turn.calls)))
-                rows.append(_row(episode.prompt_ids, ids, "act", task_id))
-            if "rehearse" in roles:
+                rows.append(_row(episode.prompt_ids, ids, Role.ACT, task_id))
+            if Role.REHEARSE in roles:
                 for call, result in zip(turn.calls, turn.results, strict=True):
                     if result is None:  # no recorded result to teach (benchmarks that only judge calls)
                         continue
@@ -104,7 +105,7 @@ def sft_rows(
                     if not rehearsal.prefill:
                         answer = f"{RESULT_OPEN}\n{answer}"
                     prompt = rehearse_prompt(episode, call, action)
-                    rows.append(_row(prompt, chat.encode(answer + chat.act_end(False)), "rehearse", task_id))
+                    rows.append(_row(prompt, chat.encode(answer + chat.act_end(False)), Role.REHEARSE, task_id))
             actions.append(action)
         return actions
 
@@ -122,11 +123,11 @@ def _has_executor(domain: Domain) -> bool:
     return not tasks or domain.make_executor(tasks[0]) is not None
 
 
-def _row(prompt: Sequence[int], completion: Sequence[int], role: str, task_id: str) -> dict[str, Any]:
+def _row(prompt: Sequence[int], completion: Sequence[int], role: Role, task_id: str) -> dict[str, Any]:
     return {
         "input_ids": list(prompt) + list(completion),
         "completion_mask": [0] * len(prompt) + [1] * len(completion),
-        "role": role,
+        "role": role.value,  # a plain string: the row is a dataset's
         "task_id": task_id,
     }
 

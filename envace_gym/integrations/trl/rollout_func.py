@@ -13,7 +13,8 @@ import torch
 from ...domains.domain import Domain
 from ...domains.registry import make_domain
 from ...episode.config import EpisodeConfig
-from ...rollout.collector import collect_rollouts
+from ...episode.types import Row
+from ...rollout.collector import EpisodeResult, collect_rollouts
 from ...training.diagnosis import NoLearningMonitor, episode_facts, step_evidence
 from .colocated_vllm import refuse_vllm_settings
 from .dataset import task_ids
@@ -86,7 +87,7 @@ def make_rollout_func(domain: str | Domain, config: EpisodeConfig | None = None,
     return rollout_func
 
 
-def _ended_row(episode: Any, stop_ids: Sequence[int]) -> Any:
+def _ended_row(episode: EpisodeResult, stop_ids: Sequence[int]) -> Row:
     """The episode's row as TRL should read it. TRL calls a completion truncated (``completions/clipped_ratio``;
     dropped by ``mask_truncated_completions``) when its last token is not an end token; an episode that ended on
     its own but whose last tokens are not one (an invalid rehearsal cut at its budget, in inline mode) gets an
