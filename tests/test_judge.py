@@ -125,7 +125,7 @@ def test_a_failed_judge_is_masked_in_rollouts_and_both_trainers(tmp_path):
     policy = tiny_policy(seed=2)
     batch = collect_rollouts(policy, "desk-judged", ["desk/000", "desk/001"], group_size=2, act="reference",
                              executor="cached")  # fmt: skip
-    assert all(e.reward is None for e in batch.episodes) and batch.stats["masked_episodes"] == 4
+    assert all(e.reward is None for e in batch.episodes) and batch.stats.masked_episodes == 4
     before = [p.detach().clone() for p in policy.model.parameters()]
     (step,) = train(policy, TrainerConfig(domain="desk-judged", steps=1, tasks_per_step=2, group_size=2,
                                           max_new_tokens=8, executor="cached"))  # fmt: skip

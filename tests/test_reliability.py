@@ -612,7 +612,7 @@ def test_failed_verifier_is_masked_counted_and_logged(caplog):
     batch = collect_rollouts(
         ScriptedPolicy(["A.", "B."]), BrokenJudgeDomain(), ["broken-judge/train/000", "broken-judge/train/001"]
     )
-    assert batch.stats["masked_episodes"] == 2 and batch.rewards == [None, None]
+    assert batch.stats.masked_episodes == 2 and batch.rewards == [None, None]
     assert all(s.reward is None for s in batch.samples())
 
 

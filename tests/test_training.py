@@ -20,7 +20,7 @@ from envace_gym.evaluation import evaluate
 from envace_gym.integrations import trl as envace_trl
 from envace_gym.integrations.trl import envace_grpo_trainer, refusals, trainer_policy
 from envace_gym.integrations.trl import rollout_func as rollout_module
-from envace_gym.rollout import EpisodeResult, RolloutBatch
+from envace_gym.rollout import EpisodeResult, RolloutBatch, RolloutStats
 from envace_gym.testing import ScriptedPolicy, tiny_policy
 from envace_gym.training import TrainerConfig, grpo_loss, rolewise_advantages, sft_rows
 from envace_gym.training.trainer import train
@@ -193,7 +193,7 @@ def crafted_batch(policy, task_ids):
         episodes.append(
             EpisodeResult(i, i, task_id, reward, bool(reward), True, False, 1, {}, [], [], as_rows, as_rows[0])
         )
-    return RolloutBatch(episodes, {"success_rate": 0.5})
+    return RolloutBatch(episodes, RolloutStats(success_rate=0.5))
 
 
 def test_trl_role_wise_trainer_trains_both_roles(tiny_path, monkeypatch):

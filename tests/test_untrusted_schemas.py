@@ -287,7 +287,7 @@ def test_collector_sft_and_evaluation_skip_tasks_too_long_and_count_them(caplog)
     domain = _two_tasks(2_000_000)
     policy = ScriptedPolicy(lambda prompt: "Done.")
     batch = collect_rollouts(policy, domain, ["evil/000", "evil/001"], group_size=2, executor="cached", act="reference")
-    assert batch.stats["skipped_tasks"] == 1 and [e.task_id for e in batch.episodes] == ["evil/000"] * 2
+    assert batch.stats.skipped_tasks == 1 and [e.task_id for e in batch.episodes] == ["evil/000"] * 2
     assert {e.group for e in batch.episodes} == {0}  # a group is the task's place in the list given
     with pytest.raises(TaskTooLongError):
         collect_rollouts(policy, domain, ["evil/001"], executor="cached", act="reference", unfit="raise")

@@ -182,7 +182,7 @@ def evaluate(
         user=user if isinstance(user, str) else type(user).__name__,
         masked_episodes=len(real.episodes) - len(rewards),
         user_failures=sum(1 for e in real.episodes if e.user_error),
-        skipped_tasks=int(real.stats["skipped_tasks"]),
+        skipped_tasks=real.stats.skipped_tasks,
         trials=trials,
         pass_k={k: pass_hat_k(list(by_task.values()), k) for k in range(1, trials + 1)},
         terminations=dict(Counter(e.termination_reason or "unknown" for e in real.episodes)),
@@ -194,7 +194,7 @@ def evaluate(
         real_calls=sum(e.real_calls for e in real.episodes),
         rehearsal_tokens=actor.stats["rehearsal_tokens"] if actor is not None else 0,
         kept_turns=actor.stats["kept_turns"] if actor is not None else 0,
-        act_tokens=int(real.stats["act_tokens"]),
+        act_tokens=real.stats.act_tokens,
     )
     if not fidelity or not dom.executes_calls:  # no real responses to compare rehearsals with
         return result

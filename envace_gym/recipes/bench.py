@@ -348,7 +348,7 @@ def run_bench(
             policy, work.domain, work.tasks, act_sampling=act, rehearsal=rehearse, seed=seed, **work.kwargs
         )
         collector_s = time.perf_counter() - start
-        tokens = batch.stats["act_tokens"] + batch.stats["rehearse_tokens"]
+        tokens = batch.stats.act_tokens + batch.stats.rehearse_tokens
         measures.append(
             Measure(
                 f"collector vs naive single-env loop: {work.label}",
@@ -433,7 +433,7 @@ def run_backend_bench(
                 policy, work.domain, work.tasks, act_sampling=act, rehearsal=rehearse, seed=seed, **work.kwargs
             )
             seconds = time.perf_counter() - start
-            tokens = int(batch.stats["act_tokens"] + batch.stats["rehearse_tokens"])
+            tokens = int(batch.stats.act_tokens + batch.stats.rehearse_tokens)
             note = f"{name}: {tokens} tokens in {seconds:.1f} s"
             if hits is not None:
                 hit, queried = (b - a for a, b in zip(hits, _prefix_cache_counts(policy) or hits, strict=True))

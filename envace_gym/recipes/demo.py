@@ -110,7 +110,7 @@ def run_demo(
     )
     write(
         f"\n{stats.episodes} episodes, {stats.rehearsals} rehearsed calls: {stats.parsed} well-formed, "
-        f"{stats.equal_to_real} equal to the real response ({batch.stats['seconds']:.1f} s)\n"
+        f"{stats.equal_to_real} equal to the real response ({batch.stats.seconds:.1f} s)\n"
         f"mean reward {mean:.2f}: {whose}\n"
     )
     return stats

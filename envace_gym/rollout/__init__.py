@@ -4,7 +4,7 @@ rehearsal before one committed real execution (:mod:`.planner`).
 
 from __future__ import annotations
 
-from .collector import ACT_SOURCES, EpisodeResult, RolloutBatch, collect_rollouts
+from .collector import ACT_SOURCES, EpisodeResult, RolloutBatch, RolloutStats, collect_rollouts
 from .planner import ASSESS_SYSTEM, PlannerConfig, PrivateRehearsal, RehearsalPlanner
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "PrivateRehearsal",
     "RehearsalPlanner",
     "RolloutBatch",
+    "RolloutStats",
     "collect_rollouts",
 ]

@@ -63,12 +63,31 @@ class EpisodeResult:
         return sum(c.route == "real" for c in self.calls)
 
 
+@dataclass(frozen=True)
+class RolloutStats:
+    """What a :func:`collect_rollouts` call played and what it cost."""
+
+    seconds: float = 0.0
+    episodes: int = 0
+    rounds: int = 0  # generation rounds (one batched Act call each, with ``act="policy"``)
+    act_generate_calls: int = 0
+    act_tokens: int = 0
+    rehearse_tokens: int = 0
+    mean_reward: float = 0.0  # of the scored episodes
+    success_rate: float = 0.0
+    masked_episodes: int = 0  # the verifier (or a simulated user) failed them
+    user_opening_fallbacks: int = 0  # the simulated user's opening could not be used: the task's prompt opened
+    skipped_tasks: int = 0  # too long to play (TaskTooLongError)
+    kv_reused_tokens: int = 0
+    kv_computed_tokens: int = 0
+
+
 @dataclass
 class RolloutBatch:
     """What :func:`collect_rollouts` returns."""
 
     episodes: list[EpisodeResult]
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: RolloutStats = field(default_factory=RolloutStats)
 
     def samples(self, roles: Iterable[Role] | None = None) -> list[Row]:
         """Every training row (of ``roles``: all by default), labelled with its group, its episode and the episode's
@@ -137,7 +156,7 @@ def collect_rollouts(
         progress: ``True`` (or a label) shows a bar of finished episodes with the generation round; a callable
             is called as ``progress(done, total)`` each time an episode finishes (:mod:`envace_gym.progress`).
         unfit: A task whose opening prompt does not fit the policy's context (with the Act turn's budget) or
-            the observation space: ``"skip"`` it with a warning, counted in ``stats["skipped_tasks"]`` (its
+            the observation space: ``"skip"`` it with a warning, counted in ``stats.skipped_tasks`` (its
             group is absent from the batch), or ``"raise"`` its :class:`~envace_gym.errors.TaskTooLongError`.
     """
     if act not in ACT_SOURCES:
@@ -185,21 +204,21 @@ def collect_rollouts(
     bar.close()
     done = [r for r in results if r is not None]
     rehearse_tokens = sum(len(r.completion_ids) for e in done for r in e.rows if r.role == Role.REHEARSE)
-    stats = {
-        "seconds": time.perf_counter() - started,
-        "episodes": len(done),
-        "rounds": counts["rounds"],
-        "act_generate_calls": counts["act_calls"],
-        "act_tokens": counts["act_tokens"],
-        "rehearse_tokens": rehearse_tokens,
-        "mean_reward": float(np.mean([e.reward for e in done if e.reward is not None] or [0.0])),
-        "success_rate": float(np.mean([e.success for e in done] or [0.0])),
-        "masked_episodes": sum(e.reward is None for e in done),  # the verifier (or a simulated user) failed them
-        "user_opening_fallbacks": sum(e.opening_error is not None for e in episodes),
-        "skipped_tasks": len(skipped),  # too long to play (TaskTooLongError)
-        "kv_reused_tokens": getattr(session, "reused_tokens", 0),
-        "kv_computed_tokens": getattr(session, "computed_tokens", 0),
-    }
+    stats = RolloutStats(
+        seconds=time.perf_counter() - started,
+        episodes=len(done),
+        rounds=counts["rounds"],
+        act_generate_calls=counts["act_calls"],
+        act_tokens=counts["act_tokens"],
+        rehearse_tokens=rehearse_tokens,
+        mean_reward=float(np.mean([e.reward for e in done if e.reward is not None] or [0.0])),
+        success_rate=float(np.mean([e.success for e in done] or [0.0])),
+        masked_episodes=sum(e.reward is None for e in done),
+        user_opening_fallbacks=sum(e.opening_error is not None for e in episodes),
+        skipped_tasks=len(skipped),
+        kv_reused_tokens=getattr(session, "reused_tokens", 0),
+        kv_computed_tokens=getattr(session, "computed_tokens", 0),
+    )
     return RolloutBatch(done, stats)
 
 

@@ -299,7 +299,7 @@ def train(
 
         batch = roll_out(config.tasks_per_step)
         played, zero_std = _group_counts(batch)
-        skipped = batch.stats.get("skipped_tasks", 0)
+        skipped = batch.stats.skipped_tasks
         if config.refill_zero_std:  # DAPO: keep only groups with a reward spread, refill the rest
             batch, rounds = _informative(batch), 0
             while _groups(batch) < config.tasks_per_step and rounds < config.refill_zero_std:
@@ -307,7 +307,7 @@ def train(
                 extra = roll_out(config.tasks_per_step - _groups(batch))
                 more_played, more_zero_std = _group_counts(extra)
                 played, zero_std = played + more_played, zero_std + more_zero_std
-                skipped += extra.stats.get("skipped_tasks", 0)
+                skipped += extra.stats.skipped_tasks
                 batch = _merge(batch, _informative(extra))
         # (with a refill, the batch and the metrics below hold the kept groups only)
         # a frozen simulator's rehearsals are not trained; a rehearsed user's turns are (user="rehearse")
@@ -411,7 +411,7 @@ def _groups(batch: RolloutBatch) -> int:
 def _informative(batch: RolloutBatch) -> RolloutBatch:
     """The episodes of the groups with a reward spread."""
     spread = batch.reward_spread()
-    return RolloutBatch([e for e in batch.episodes if spread.get(e.group, False)], dict(batch.stats))
+    return RolloutBatch([e for e in batch.episodes if spread.get(e.group, False)], batch.stats)
 
 
 def _merge(a: RolloutBatch, b: RolloutBatch) -> RolloutBatch:
@@ -424,7 +424,7 @@ def _merge(a: RolloutBatch, b: RolloutBatch) -> RolloutBatch:
         for e in groups_b:
             episodes.append(dataclasses.replace(e, group=offset + k, index=index))
             index += 1
-    return RolloutBatch(episodes, dict(a.stats))
+    return RolloutBatch(episodes, a.stats)
 
 
 __all__ = ["TrainerConfig", "grpo_loss", "token_logprobs", "train"]

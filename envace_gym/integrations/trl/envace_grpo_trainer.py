@@ -149,7 +149,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
         advantages = all_adv[offset : offset + len(mine)]
 
         if sum(gather_object([len(samples)])) == 0:  # decided together: a process alone raising leaves the rest waiting
-            skipped = batch.stats.get("skipped_tasks", 0)
+            skipped = batch.stats.skipped_tasks
             why = f"{skipped} of its {len(tasks)} task(s) too long to play (see the warnings)" if skipped else "none"
             raise RuntimeError(f"the rollouts produced no training rows; skipped here: {why}")
         # Keep the generation batch divisible by steps_per_generation: pad with rows that train nothing (a process
@@ -248,7 +248,7 @@ class EnvACEGRPOTrainer(BaseModelCardMixin, ColocatedVLLMMixin, SharedPrefixMixi
             trained_tokens=sum(gather_object([sum(sum(s.mask) for s in samples if s.reward is not None)])),
             groups=played,
             zero_std_groups=zero_std,
-            skipped_tasks=sum(gather_object([batch.stats.get("skipped_tasks", 0)])),
+            skipped_tasks=sum(gather_object([batch.stats.skipped_tasks])),
         )
         for name, value in logged.items():
             metrics[name].append(float(value))
