@@ -43,7 +43,7 @@ def main() -> None:
             seconds[name].append(time.perf_counter() - start)
             print(
                 f"{name:16s} {seconds[name][-1]:6.1f} s  rewards {[e.reward for e in batch.episodes]}  "
-                f"rehearsal tokens {actor.stats['rehearsal_tokens']}  prompt tokens reused {batch.stats['kv_reused_tokens']}",
+                f"rehearsal tokens {actor.stats['rehearsal_tokens']}  prompt tokens reused {batch.stats.kv_reused_tokens}",
                 flush=True,
             )
     ratios = [a / b for a, b in zip(seconds["without session"], seconds["with session"], strict=True)]

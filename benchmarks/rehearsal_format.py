@@ -31,8 +31,8 @@ def measure(policy, tasks, rehearsal: RehearsalConfig, seed: int = 0) -> dict:
     codes: collections.Counter[str] = collections.Counter()
     for episode in batch.episodes:
         for record in episode.calls:
-            if record["route"] == "rehearsal" and record["validated"]:
-                codes[(record["error"] or {}).get("code", "OK")] += 1
+            if record.route == "rehearsal" and record.validated:
+                codes[record.error.code.value if record.error is not None else "OK"] += 1
     calls = sum(codes.values())
     return {
         "temperature": rehearsal.temperature,
