@@ -336,3 +336,26 @@ def test_every_rehearsal_mode_has_its_tool_turn():
     from envace_gym.episode.config import REHEARSAL_MODES
 
     assert tuple(TOOL_TURNS) == REHEARSAL_MODES
+
+
+def test_an_episode_result_holds_the_records_and_the_ending_its_info_shows(tiny):
+    """The collector's result is read from the episode (typed records), and says what the env's info says."""
+    import numpy as np
+
+    from envace_gym.domains import CallRecord
+    from envace_gym.episode import Episode, EpisodeConfig, EpisodeDriver
+
+    domain = make_domain("bank")
+    task = domain.task("bank/000")
+    (result,) = collect_rollouts(tiny, domain, [task], act="reference", executor="real").episodes
+    episode = Episode(domain, task, EpisodeConfig.build(executor="real"), tiny.tokenizer, np.random.default_rng(0))
+    replay, calls = EpisodeDriver.without_policy("a reference replay"), []
+    while not episode.done:
+        (outcome,) = replay.play([episode], [episode.reference_act()])
+        calls += outcome.info["calls"]
+    assert all(isinstance(c, CallRecord) for c in result.calls) and result.real_calls == len(result.calls) > 0
+    assert [c.to_dict() for c in result.calls] == calls  # info's dicts are the records', for Gymnasium's API
+    info = outcome.info
+    assert (result.reward, result.success, result.checks, result.termination_reason, result.messages) == (
+        outcome.reward, info["success"], info["reward_checks"], info["termination_reason"], info["messages"]
+    )

@@ -774,3 +774,23 @@ def test_eval_groups_follow_num_generations_eval(tiny_path, tmp_path, monkeypatc
     assert not trainer.model.training
     out = trainer._generate_and_score_completions([{"prompt": i} for i in ids])
     assert sorted(set(out["advantages"].tolist())) == [-0.5, 0.5]  # one group of 4, not two of 2
+
+
+def test_step_metrics_are_one_definition_of_what_a_step_played():
+    """Both trainers log a step's rollout figures through step_metrics: groups, spread, rows per role, masks."""
+    from envace_gym.training import metrics
+
+    # two groups with a spread between them, one without (its scored episodes alike), one all masked
+    groups = [0, 0, 1, 1, 2, 2]
+    rewards = [1.0, 0.0, 0.5, 0.5, None, None]
+    assert metrics.group_counts(groups, rewards) == (3, 1)
+    tallies = [metrics.EpisodeTally(r, r == 1.0, 2, 1) for r in rewards]
+    rows = [Row(Role.ACT, (1,), (2,), (0.0,), (1,))] * 3 + [Row(Role.REHEARSE, (1,), (2,), (0.0,), (1,))]
+    logged = metrics.step_metrics(
+        tallies, metrics.role_counts(rows), trained_tokens=4, groups=3, zero_std_groups=1, skipped_tasks=2
+    )
+    assert logged[metrics.REWARD] == pytest.approx(0.5) and logged[metrics.SUCCESS] == pytest.approx(1 / 6)
+    assert (logged[metrics.GROUPS], logged[metrics.ZERO_STD], logged[metrics.MASKED]) == (3, pytest.approx(1 / 3), 2)
+    assert (logged["rows/act"], logged["rows/rehearse"], logged["rows/episode"], logged["rows/user"]) == (3, 1, 0, 0)
+    assert (logged[metrics.REAL_TOOL_CALLS], logged[metrics.EPISODES], logged[metrics.TURNS]) == (6, 6, 2.0)
+    assert set(logged) <= set(metrics.STEP_METRICS)
