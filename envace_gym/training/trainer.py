@@ -348,8 +348,8 @@ def train(
             engine.load_weights(model.named_parameters())
 
         # The global batch's figures: every rank's episodes, and its counts summed.
-        tallies = [t for part in _everyone(world, [metrics.EpisodeTally.of(e, e.reward) for e in batch.episodes])
-                   for t in part]  # fmt: skip
+        ranks_tallies = _everyone(world, [metrics.EpisodeTally.of(e, e.reward) for e in batch.episodes])
+        tallies = [t for part in ranks_tallies for t in part]
         roles = metrics.role_counts(samples)
         summed = _everyone(world, (zero_std, played, skipped, *totals.values(), *roles.values()))
         counts = [sum(c) for c in zip(*summed, strict=True)]
