@@ -215,10 +215,14 @@ def test_every_command_takes_both_flag_spellings(capsys):
 
 
 def test_check_rehearsal_tells_parsed_accepted_and_equal_apart():
+    from envace_gym.domains import CallRecord
+    from envace_gym.errors import ErrorCode, ToolError
     from envace_gym.evaluation import check_rehearsal
+    from envace_gym.tools import ToolCall
 
     def flags(result=None, code=None):
-        check = check_rehearsal({"result": result, "error": {"code": code, "message": "m"} if code else None}, real)
+        error = ToolError(ErrorCode[code], "m") if code else None
+        check = check_rehearsal(CallRecord(1, ToolCall("get_balance"), "rehearsal", result, error), real)
         return check.parsed, check.schema_ok, check.equal, check.fields
 
     real = {"balance": 10.0, "owner": "Ana"}
