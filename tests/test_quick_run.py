@@ -5,6 +5,7 @@ short SFT on the user's own domain (examples/calendar_domain.py) before GRPO."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import warnings
@@ -176,23 +177,52 @@ def test_warm_start_runs_the_sft_first_and_grpo_starts_from_it(tiny_path, tmp_pa
     assert (out / "warm_start" / "model.safetensors").stat().st_mtime == made  # reused, not redone
 
 
-@pytest.mark.slow
-@pytest.mark.default_model
-@pytest.mark.skipif(
-    os.environ.get("ENVACE_LONG_TESTS") != "1",
-    reason="the default model's warm start and two GRPO steps take over 30 min on 2 shared cores (one run by hand: "
-    "docs/training.md, 'The quick run'); ENVACE_LONG_TESTS=1 runs it",
-)
-def test_the_quick_run_trains_both_roles_on_a_domain_of_our_own(tmp_path):
-    """Item 1's command, as README shows it, on the calendar domain: after the warm start the first GRPO steps
-    log rows of both roles and a reward spread, and no NoLearningWarning."""
-    out = tmp_path / "calendar"
-    argv = ["train", "--mode", "rehearsal", "--domain", CALENDAR, "--warm_start", "sft", "--steps", "2",
-            "--output_dir", str(out)]  # fmt: skip
-    with warnings.catch_warnings(record=True) as caught:
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """Item 1's command as docs/training.md shows it, on the calendar domain (ours, not built in): the tiny model
+    made for the domain, its warm start, two GRPO steps. Returns the folder, what it printed and its warnings."""
+    out = tmp_path_factory.mktemp("quick") / "calendar"
+    argv = ["train", "--mode", "rehearsal", "--domain", CALENDAR, "--model", "tiny", "--warm_start", "sft",
+            "--steps", "2", "--output_dir", str(out)]  # fmt: skip
+    printed = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(printed):
         warnings.simplefilter("always")
         assert main(argv) == 0
+    return out, printed.getvalue(), no_learning_warnings(caught)
+
+
+@pytest.mark.slow
+def test_the_quick_run_trains_both_roles_on_a_domain_of_our_own(quick_run):
+    """After the warm start the first GRPO steps log rows of both roles and a reward spread, and no
+    NoLearningWarning (the same command without ``--warm_start`` warns: the test above)."""
+    out, printed, warned = quick_run
+    assert "warm start: 200 SFT steps (batches of 8 rows, lr 0.001)" in printed  # the from-scratch defaults
+    assert "warm start step 200: loss" in printed and "warm start done in" in printed
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [entry for entry in logged if "reward" in entry]
+    assert len(steps) == 2
     assert any(s["rows/act"] > 0 and s["rows/rehearse"] > 0 and s["frac_reward_zero_std"] < 1 for s in steps), steps
+    assert all(s["grad_norm"] > 0 for s in steps), steps  # both steps moved the weights
+    assert warned == []
+    card = (out / "final" / "README.md").read_text()  # the start was built in process, and the card says so
+    assert "envace-gym's `tiny` model, a random model built in process" in card
+
+
+@pytest.mark.slow
+def test_the_trl_quick_run_example_reuses_the_warm_start_and_its_groups_have_a_spread(quick_run):
+    """examples/calendar_quick_run.py, TRL's own GRPOTrainer with make_rollout_func, in the CLI run's folder:
+    the same layout, so the warm start is reused (not redone), and GRPO's groups have a reward spread."""
+    import importlib.util
+
+    out, _, _ = quick_run
+    made = (out / "warm_start" / "model.safetensors").stat().st_mtime
+    path = Path(__file__).resolve().parents[1] / "examples" / "calendar_quick_run.py"
+    spec = importlib.util.spec_from_file_location("calendar_quick_run", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("always")
+        steps = example.main(["--trainer", "rollout_func", "--steps", "2", "--output_dir", str(out)])
+    assert (out / "warm_start" / "model.safetensors").stat().st_mtime == made
+    assert len(steps) == 2 and any(s["frac_reward_zero_std"] < 1 for s in steps), steps
     assert no_learning_warnings(caught) == []

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from ..policy.precision import DTYPES, dtype_name, resolve_dtype
 from ..training.memory import return_freed_memory
 from ..training.options import checkpointing, lora_config, train_top_layers, use_cpu
 from ..training.packing import DEFAULT_PACK_TOKENS
-from ..training.sft import WARM_START_BATCH_SIZE, WARM_START_LEARNING_RATE, WARM_START_STEPS, WARM_START_TASKS
+from ..training.sft import FROM_SCRATCH_WARM_START, PRETRAINED_WARM_START, WarmStartSettings
 
 MODES = ("rehearsal", "real-tools", "sft")
 WARM_STARTS = ("none", "sft")
@@ -128,13 +128,18 @@ class TrainConfig(EpisodeSettings):
             "choices": WARM_STARTS,
         },
     )
-    warm_start_steps: int = field(default=WARM_START_STEPS, metadata={"help": "Warm start: SFT steps."})
-    warm_start_learning_rate: float = field(
-        default=WARM_START_LEARNING_RATE, metadata={"help": "Warm start: learning rate (constant)."}
+    warm_start_steps: int | None = field(
+        default=None, metadata={"help": "Warm start: SFT steps (default: 20 for a pretrained model, 200 for tiny)."}
     )
-    warm_start_batch_size: int = field(default=WARM_START_BATCH_SIZE, metadata={"help": "Warm start: rows per step."})
-    warm_start_tasks: int = field(
-        default=WARM_START_TASKS, metadata={"help": "Warm start: how many training tasks' reference rows."}
+    warm_start_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Warm start: learning rate, constant (default: 2e-4 for a pretrained model, 1e-3 for tiny)."},
+    )
+    warm_start_batch_size: int | None = field(
+        default=None, metadata={"help": "Warm start: rows per step (default: 4 for a pretrained model, 8 for tiny)."}
+    )
+    warm_start_tasks: int | None = field(
+        default=None, metadata={"help": "Warm start: how many training tasks' reference rows (default: 200)."}
     )
 
     # Parameters that control speed and memory
@@ -214,7 +219,7 @@ class TrainConfig(EpisodeSettings):
             raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
         if self.warm_start != "none" and self.mode == "sft":
             raise ValueError("warm_start is an SFT before GRPO; mode sft is that SFT already: leave warm_start out")
-        if self.warm_start_steps < 1:
+        if self.warm_start_steps is not None and self.warm_start_steps < 1:
             raise ValueError(f"warm_start_steps must be at least 1, got {self.warm_start_steps}")
         if self.mode != "sft":
             _episodes_per_process(self)  # refused here, so the CLI says it in one line before anything loads
@@ -224,25 +229,44 @@ class TrainConfig(EpisodeSettings):
         return self.steps if self.steps is not None else DEFAULT_GRPO_STEPS
 
 
-def _model_source(config: TrainConfig) -> tuple[str, Any]:
-    """A path TRL can load (it builds reference models from paths) and the tokenizer."""
-    from ..policy.factory import make_policy
-
+def _model_source(config: TrainConfig, domain: Any) -> tuple[str, Any]:
+    """A path TRL can load (it builds reference models from paths) and the tokenizer. ``tiny`` is made once for
+    the domain, as ``envace experiment`` makes it: a from-scratch 2-layer model whose tokenizer is learnt from the
+    domain's own texts (words as whole tokens), so a short warm start teaches it the domain's calls."""
     if config.model in (None, "default"):
         from ..policy.default_model import ensure_default_model
 
         path = str(ensure_default_model())
     elif config.model == "tiny":
+        from ..training.sft import tiny_start_model
+
         path = str(Path(config.output_dir) / "initial_model")
-        if not Path(path, "config.json").is_file():
-            tiny = make_policy("tiny")
-            tiny.model.save_pretrained(path)
-            tiny.tokenizer.save_pretrained(path)
+        if os.environ.get("RANK", "0") == "0":  # one writer under `accelerate launch`; the others wait below
+            tiny_start_model(domain, path, seed=config.seed)
+        _wait_for_everyone()
     else:
         path = config.model
     from transformers import AutoTokenizer
 
     return path, AutoTokenizer.from_pretrained(path)
+
+
+def warm_start_settings(config: TrainConfig) -> WarmStartSettings:
+    """The warm start's settings: the user's flags, the rest from the defaults measured for the model's kind
+    (``tiny``, made from scratch, has everything to learn; a pretrained model only the domain)."""
+    base = FROM_SCRATCH_WARM_START if config.model == "tiny" else PRETRAINED_WARM_START
+    chosen = {
+        "steps": config.warm_start_steps, "learning_rate": config.warm_start_learning_rate,
+        "batch_size": config.warm_start_batch_size, "tasks": config.warm_start_tasks,
+    }  # fmt: skip
+    return replace(base, **{k: v for k, v in chosen.items() if v is not None})
+
+
+def _wait_for_everyone() -> None:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
 
 
 def _load_model(path: str, train_layers: int | None, instance: bool = False) -> Any:
@@ -262,26 +286,22 @@ def _warm_start(config: TrainConfig, path: str, domain: Any, out: Path, dtype: s
 
     from ..training.sft import warm_start
 
-    target = out / "warm_start"
+    target, settings = out / "warm_start", warm_start_settings(config)
     if os.environ.get("RANK", "0") == "0":  # one writer under `accelerate launch`; the others wait below
         print(
-            f"envace train: warm start: {config.warm_start_steps} SFT steps (batches of {config.warm_start_batch_size}"
-            f" rows, lr {config.warm_start_learning_rate:g}) on the reference rows of {config.warm_start_tasks} "
-            f"training tasks, both roles -> {target}",
+            f"envace train: warm start: {settings.steps} SFT steps (batches of {settings.batch_size} rows, lr "
+            f"{settings.learning_rate:g}) on the reference rows of {settings.tasks} training tasks, both roles -> "
+            f"{target}",
             flush=True,
         )
         started = time.perf_counter()
         warm_start(
-            path, domain, target, steps=config.warm_start_steps, learning_rate=config.warm_start_learning_rate,
-            batch_size=config.warm_start_batch_size, tasks=config.warm_start_tasks, seed=config.seed, dtype=dtype,
+            path, domain, target, settings, seed=config.seed, dtype=dtype,
             log=lambda h: print(f"envace train: warm start step {h['step']}: loss {h['loss']:.3f}", flush=True)
-            if h["step"] % 5 == 0 or h["step"] == config.warm_start_steps else None,
+            if h["step"] % max(1, settings.steps // 10) == 0 or h["step"] == settings.steps else None,
         )  # fmt: skip
         print(f"envace train: warm start done in {time.perf_counter() - started:.0f} s", flush=True)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from accelerate import PartialState
-
-        PartialState().wait_for_everyone()
+    _wait_for_everyone()
     return str(target), AutoTokenizer.from_pretrained(target)
 
 
@@ -335,7 +355,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     # "auto" resolved once, by capability, and recorded beside the setting: every process of the run agrees
     compute_dtype = dtype_name(resolve_dtype(config.dtype, "cpu" if use_cpu() else "cuda"))
     (out / "train_config.json").write_text(json.dumps({**asdict(config), "resolved_dtype": compute_dtype}, indent=2))
-    path, tokenizer = _model_source(config)
+    path, tokenizer = _model_source(config, domain)
     if config.warm_start == "sft":
         path, tokenizer = _warm_start(config, path, domain, out, compute_dtype)
     common = dict(

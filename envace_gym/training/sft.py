@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict, dataclass
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,8 @@ from ..episode.separate import rehearse_prompt
 from ..episode.start import start_episodes
 from ..episode.types import Role
 from ..parsing.act import RESULT_CLOSE, RESULT_OPEN
-from ..policy.device import place
-from ..policy.precision import autocast, resolve_dtype
+from ..policy.device import default_device, place
+from ..policy.precision import autocast, dtype_name, resolve_dtype
 from ..rehearsal.prompt import RehearsalConfig
 from .options import enable_checkpointing, train_top_layers
 from .state import load_state, save_state
@@ -221,49 +222,60 @@ def tiny_start_model(domain: str | Domain, path: str | Path, *, seed: int = 0, v
         boot = tiny_tokenizer()
         corpus = [boot.decode(r["input_ids"]) for r in sft_rows(dom, boot, dom.tasks("train")[:20])]
         tokenizer = tiny_tokenizer(vocab_size, corpus=corpus, whole_words=True)
-        tiny_model(tokenizer, seed=seed, hidden_size=128, layers=2).save_pretrained(path)
+        model = tiny_model(tokenizer, seed=seed, hidden_size=128, layers=2)
+        model.config.envace_built_in_process = "tiny"  # the model card says so (integrations.trl.model_card)
+        model.save_pretrained(path)
         tokenizer.save_pretrained(path)
     return path
 
 
-# The quick run's warm start (docs/training.md, "The quick run"): enough SFT steps on the domain's reference rows
-# that a model's first GRPO steps write valid calls and rehearsals, so groups get a reward spread.
-WARM_START_STEPS = 20
-WARM_START_LEARNING_RATE = 2e-4
-WARM_START_BATCH_SIZE = 4
-WARM_START_TASKS = 200
+@dataclass(frozen=True)
+class WarmStartSettings:
+    """How long and how fast the quick run's warm start trains (:func:`warm_start`)."""
+
+    steps: int
+    learning_rate: float  # constant
+    batch_size: int  # rows per step
+    tasks: int = 200  # the reference rows of the first this many training tasks
+
+
+# The quick run's warm starts (docs/training.md, "The quick run"): enough SFT steps on the domain's reference rows
+# that the first GRPO steps write valid calls and rehearsals, so groups get a reward spread. Measured there.
+PRETRAINED_WARM_START = WarmStartSettings(steps=20, learning_rate=2e-4, batch_size=4)
+# A from-scratch model (``tiny_start_model``) has everything to learn: the learning check's SFT (recipes/learning)
+FROM_SCRATCH_WARM_START = WarmStartSettings(steps=200, learning_rate=1e-3, batch_size=8)
 
 
 def warm_start(
     model: str | Path,
     domain: str | Domain,
     output_dir: str | Path,
+    settings: WarmStartSettings = PRETRAINED_WARM_START,
     *,
-    steps: int = WARM_START_STEPS,
-    learning_rate: float = WARM_START_LEARNING_RATE,
-    batch_size: int = WARM_START_BATCH_SIZE,
-    tasks: int = WARM_START_TASKS,
     seed: int = 0,
     dtype: str | torch.dtype = "auto",
+    device: str | torch.device | None = None,
     log: Any = None,
 ) -> Path:
     """A short SFT of ``model`` (a path or hub id) on ``domain``'s reference rows, both roles (:func:`sft_steps`),
-    saved to ``output_dir``, whose path it returns: give that path to the GRPO trainer. The defaults are the
-    ones measured to give the first GRPO steps a reward spread (docs/training.md, "The quick run"). A folder
+    saved to ``output_dir``, whose path it returns: give that path to the GRPO trainer. The default settings are
+    the ones measured to give a pretrained model's first GRPO steps a reward spread; for a model made by
+    :func:`tiny_start_model` pass :data:`FROM_SCRATCH_WARM_START` (docs/training.md, "The quick run"). A folder
     that holds a model warm-started with the same settings (its ``warm_start.json``) is reused, so a resumed
     run does not redo it."""
     output_dir = Path(output_dir)
-    if steps < 1:
-        raise ValueError(f"warm start steps must be at least 1, got {steps}")
+    if settings.steps < 1:
+        raise ValueError(f"warm start steps must be at least 1, got {settings.steps}")
     dom = make_domain(domain)
-    settings = {"model": str(model), "domain": dom.id or dom.name, "steps": steps, "learning_rate": learning_rate,
-                "batch_size": batch_size, "tasks": tasks, "seed": seed, "dtype": str(dtype)}  # fmt: skip
+    # the dtype as resolved here ("auto" and what it chose are one setting): what the record names is what ran
+    ran_in = dtype_name(resolve_dtype(dtype, default_device() if device is None else device))
+    record = {"model": str(model), "domain": dom.id or dom.name, **asdict(settings), "seed": seed, "dtype": ran_in}
     marker = output_dir / "warm_start.json"
-    if marker.is_file() and json.loads(marker.read_text()) == settings and (output_dir / "config.json").is_file():
+    if marker.is_file() and json.loads(marker.read_text()) == record and (output_dir / "config.json").is_file():
         return output_dir
     sft_steps(
-        model, dom, output_dir, tasks=tasks, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
-        seed=seed, log=log, dtype=dtype,
+        model, dom, output_dir, tasks=settings.tasks, steps=settings.steps, batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate, seed=seed, log=log, dtype=ran_in, device=device,
     )  # fmt: skip
-    marker.write_text(json.dumps(settings, indent=2))
+    marker.write_text(json.dumps(record, indent=2))
     return output_dir

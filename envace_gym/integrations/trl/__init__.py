@@ -37,9 +37,11 @@ from .packed_sft_trainer import PackedSFTTrainer, TaskGroupedSampler, run_sft
 from .real_tools import RealToolsBaseline, real_tools_environment, real_tools_reward
 from .rollout_func import envace_reward, make_rollout_func
 from .shared_prefix import SharedPrefixMixin
-from ...training.sft import warm_start  # the quick run's short SFT, for either GRPO path here (docs/training.md)
+# the quick run's short SFT, for either GRPO path here, and the from-scratch model it can start from (docs/training.md)
+from ...training.sft import FROM_SCRATCH_WARM_START, WarmStartSettings, tiny_start_model, warm_start
 
 __all__ = [
+    "FROM_SCRATCH_WARM_START",
     "ColocatedVLLMMixin",
     "EnvACEGRPOConfig",
     "EnvACEGRPOTrainer",
@@ -50,11 +52,13 @@ __all__ = [
     "RealToolsBaseline",
     "SharedPrefixMixin",
     "TaskGroupedSampler",
+    "WarmStartSettings",
     "envace_reward",
     "make_rollout_func",
     "real_tools_environment",
     "real_tools_reward",
     "run_sft",
     "task_dataset",
+    "tiny_start_model",
     "warm_start",
 ]
