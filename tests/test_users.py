@@ -13,15 +13,8 @@ import pytest
 import envace_gym  # noqa: F401  (registers the ids)
 from envace_gym.endpoint import ChatEndpoint
 from envace_gym.episode.chat import ChatFormat
-from envace_gym.episode.users import (
-    OPENING,
-    STOP_MARKERS,
-    USER_SAMPLING,
-    UserSimulator,
-    check_user,
-    make_user,
-    task_scenario,
-)
+from envace_gym.domains.user_protocol import OPENING, USER_SAMPLING
+from envace_gym.episode.users import STOP_MARKERS, UserSimulator, check_user, make_user, task_scenario
 from envace_gym.policy.protocol import SamplingParams
 from envace_gym.rollout import collect_rollouts
 from envace_gym.testing import ScriptedPolicy, tiny_policy
