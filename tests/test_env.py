@@ -434,6 +434,8 @@ def test_a_fork_with_a_note_starts_from_the_noted_prompt(tiny):
     config = dataclasses.replace(episode.config, executor="rehearsal")
     plain = episode.fork(config, np.random.default_rng(0))
     assert plain.prompt_ids == episode.prompt_ids and plain.prompt_text == episode.prompt_text
+    # what a simulated user would see: the fork's own copy, so its imagined answers never reach the real user
+    assert plain.user_view == episode.user_view and plain.user_view is not episode.user_view
     noted = episode.fork(config, np.random.default_rng(0), note="Remember: look the account up first.")
     assert (noted.prompt_ids, noted.prompt_text) == episode.prompt_with_note("Remember: look the account up first.")
     assert episode.prompt_text.count("Remember") == 0  # the episode itself is unchanged

@@ -504,6 +504,7 @@ class Episode:
         twin.transcript = self.transcript.fork(self.prompt_with_note(note) if note is not None else None)
         twin.scripted_turns, twin.scored, twin.done, twin.reward_result = (), False, False, None
         twin.user = None
+        twin.user_view = list(self.user_view)  # its final answers are its own: the real user never sees them
         twin.on_invalid = config.on_invalid or self.on_invalid
         twin.max_turns = self.turn + (config.max_turns or self.max_turns or self.domain.max_turns)
         return twin
