@@ -15,6 +15,7 @@ from ..policy.protocol import SamplingParams
 
 MAX_USER_TURNS = 30  # the default of every entry point that plays episodes (the "envace" protocol's)
 OPENING = "Hi! How can I help you today?"  # the agent's greeting the user's view opens with
+STOP_MARKERS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")  # a user's reply that ends the conversation
 INSTRUCTIONS = """You are playing a user who talks to a customer-service assistant. Stay in character: you are the \
 user, not the assistant. Write one short message per turn, as a person would, and reveal what you know only when \
 the assistant asks for it. Never invent facts the scenario does not give.
@@ -49,6 +50,8 @@ class UserProtocol:
     Attributes:
         name: The protocol's name (logs, ``repr``).
         sampling: How a simulated user samples its turns where it sets nothing itself.
+        stop_markers: A reply holding one of these ends the conversation (:data:`STOP_MARKERS`: the request done or
+            impossible, handed to a human, out of the scenario's scope).
         greets: The agent's greeting (:data:`OPENING`), which the user answered, opens the agent's history too
             (where the user writes the first message).
         failed_opening_fails: A first message the user could not write ends the run at the first step as the user's
@@ -59,6 +62,7 @@ class UserProtocol:
 
     name: str = "envace"
     sampling: SamplingParams = USER_SAMPLING
+    stop_markers: tuple[str, ...] = STOP_MARKERS
     greets: bool = False
     failed_opening_fails: bool = False
     scores_cut_runs: bool = True
@@ -93,6 +97,7 @@ __all__ = [
     "MAX_USER_TURNS",
     "NO_BUDGET",
     "OPENING",
+    "STOP_MARKERS",
     "USER_SAMPLING",
     "EpisodeRules",
     "UserProtocol",

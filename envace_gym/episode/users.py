@@ -4,10 +4,11 @@ A scripted user replays the task's later user turns whatever the agent says. A :
 holds the task's scenario privately and answers each of the agent's text turns, seeing the conversation from
 its own side: its own messages as the assistant's, the agent's answers as the user's (their content only: no
 reasoning, no tool call, no malformed call's text, no tool result and no error). It ends the conversation with one
-of :data:`STOP_MARKERS`: ``###STOP###`` when the request is done or cannot be done, ``###TRANSFER###`` when it was
-handed to a human, ``###OUT-OF-SCOPE###`` when the scenario does not say what to answer. Where the task carries a
-scenario of its own (``task.expected["user_scenario"]``), the user also writes the conversation's first message,
-after the agent's greeting (:data:`OPENING`).
+of its protocol's stop markers (:data:`~envace_gym.domains.user_protocol.STOP_MARKERS`): ``###STOP###`` when the
+request is done or cannot be done, ``###TRANSFER###`` when it was handed to a human, ``###OUT-OF-SCOPE###`` when
+the scenario does not say what to answer. Where the task carries a scenario of its own
+(``task.expected["user_scenario"]``), the user also writes the conversation's first message, after the agent's
+greeting (:data:`~envace_gym.domains.user_protocol.OPENING`).
 
 Where the domain gives the user tools of its own (``Domain.user_tools_for``: a user who holds a phone), the user is
 offered them: a reply may be tool calls instead of a message (:attr:`UserReply.calls`). The episode runs them on
@@ -49,7 +50,6 @@ from ..text import clean_text, strict_loads
 from ..tools.schema import ToolCall
 from .chat import ChatFormat
 
-STOP_MARKERS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
 USERS = ("scripted", "llm", "rehearse")  # the named settings of ``user=``; a URL is an endpoint
 # Seconds a user endpoint may take per reply: a round's replies queue on a local server that answers one at a time
 # (`transformers serve`), and a user with no reply budget may write long; at the endpoint's default (60 s) they
@@ -311,7 +311,7 @@ class UserSimulator:
             return UserReply(error="the user's endpoint gave no reply (a timeout, a transport error, a malformed "
                                    "answer or one cut at max_tokens; see the log)")  # fmt: skip
         text = clean_text(text).strip()
-        for marker in STOP_MARKERS:
+        for marker in (self.protocol or ENVACE_PROTOCOL).stop_markers:
             if marker in text:
                 return UserReply(stop=marker)
         if not text:
@@ -412,7 +412,6 @@ def _samples_as(sampling: SamplingParams, act: SamplingParams) -> bool:
 
 
 __all__ = [
-    "STOP_MARKERS",
     "USERS",
     "UserReply",
     "UserRequest",
