@@ -22,6 +22,7 @@ pytest.importorskip("tau2", reason="τ²-Bench not installed: make benchmarks")
 
 from envace_gym.envs.bfcl import SINGLE_TURN, iter_function_docs  # noqa: E402
 from envace_gym.envs.bfcl.checker import check_calls  # noqa: E402
+from envace_gym.envs.bfcl.schemas import from_bfcl  # noqa: E402
 
 PYTHON_AST = (
     "simple_python",
@@ -40,7 +41,7 @@ def test_every_bfcl_function_doc_imports_as_valid_json_schema():
     count, failed = collections.Counter(), []
     for where, language, doc in iter_function_docs():
         try:
-            ToolSchema.from_bfcl(doc, language).compile()
+            from_bfcl(doc, language).compile()
         except Exception as exc:  # noqa: BLE001 - collect every failure, then fail once
             failed.append(f"{where}: {exc}")
         count[where.split("/")[0]] += 1
@@ -216,7 +217,7 @@ def test_bfcl_java_and_javascript_gold_calls_validate(category, lang):
     schemas accept what the answers give (the categories stay out of the domains: BFCL judges their values
     in the language's own syntax)."""
     from envace_gym.envs.bfcl import _first_allowed, data_dir, read_jsonl
-    from envace_gym.envs.bfcl.schemas import lenient, possible_answer_examples
+    from envace_gym.envs.bfcl.schemas import from_bfcl, lenient, possible_answer_examples
 
     entries = read_jsonl(data_dir() / f"BFCL_v4_{category}.json")
     answers = {
@@ -226,7 +227,7 @@ def test_bfcl_java_and_javascript_gold_calls_validate(category, lang):
     for entry in entries:
         examples = possible_answer_examples(answers[entry["id"]])
         doc = entry["function"][0]
-        schema = lenient(ToolSchema.from_bfcl(doc, lang), examples.get(doc["name"], {}), alternatives=True)
+        schema = lenient(from_bfcl(doc, lang), examples.get(doc["name"], {}), alternatives=True)
         (expected,) = answers[entry["id"]]
         ((name, params),) = expected.items()
         args = _first_allowed(params)  # the gold call, as the domain builds it

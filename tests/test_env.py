@@ -428,14 +428,14 @@ def test_the_env_hands_out_its_episode_step_and_keeps_an_actors_generation(tiny)
 def test_a_fork_with_a_note_starts_from_the_noted_prompt(tiny):
     import dataclasses
 
-    from envace_gym.episode.fork import fork, prompt_with_note
-
     env = make("bank", tiny, executor="real")
     env.reset(seed=0)
     episode = env.unwrapped.episode
     config = dataclasses.replace(episode.config, executor="rehearsal")
-    plain = fork(episode, config, np.random.default_rng(0))
+    plain = episode.fork(config, np.random.default_rng(0))
     assert plain.prompt_ids == episode.prompt_ids and plain.prompt_text == episode.prompt_text
-    noted = fork(episode, config, np.random.default_rng(0), note="Remember: look the account up first.")
-    assert (noted.prompt_ids, noted.prompt_text) == prompt_with_note(episode, "Remember: look the account up first.")
+    # what a simulated user would see: the fork's own copy, so its imagined answers never reach the real user
+    assert plain.user_view == episode.user_view and plain.user_view is not episode.user_view
+    noted = episode.fork(config, np.random.default_rng(0), note="Remember: look the account up first.")
+    assert (noted.prompt_ids, noted.prompt_text) == episode.prompt_with_note("Remember: look the account up first.")
     assert episode.prompt_text.count("Remember") == 0  # the episode itself is unchanged

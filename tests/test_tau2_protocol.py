@@ -15,10 +15,13 @@ import gymnasium as gym
 import pytest
 
 import envace_gym  # noqa: F401  (registers the ids)
-from envace_gym.episode.users import NO_BUDGET, OPENING, TAU2_USER_SAMPLING, UserSimulator, check_user, make_user
+from envace_gym.domains.user_protocol import ENVACE_PROTOCOL, NO_BUDGET, OPENING
+from envace_gym.episode.users import UserSimulator, check_user, make_user
 from envace_gym.testing import ScriptedPolicy
 
 pytest.importorskip("tau2", reason="τ²-Bench not installed: make benchmarks")
+
+from envace_gym.envs.tau2.protocol import TAU2_PROTOCOL, TAU2_USER_SAMPLING  # noqa: E402
 TAU2 = Path(next(iter(importlib.util.find_spec("tau2").submodule_search_locations)))
 
 
@@ -66,7 +69,7 @@ def test_the_user_gets_tau2s_system_prompt_word_for_word_and_replies_greedily_wi
     env = _env(model)  # a Policy as the user: it plays under the domain's protocol
     task = env.domain.tasks("train")[3]
     env.reset(seed=0, options={"task": task.id})
-    assert env.user.protocol == "tau2" and env.user.reply_sampling == TAU2_USER_SAMPLING
+    assert env.user.protocol is TAU2_PROTOCOL and env.user.reply_sampling == TAU2_USER_SAMPLING
     # τ²'s UserSimulator.system_prompt: its template, its guidelines file, the scenario as τ² renders it
     guidelines = (TAU2 / "data/tau2/user_simulator/simulation_guidelines.md").read_text()
     template = _tau2_constant("user/user_simulator.py", "SYSTEM_PROMPT")
@@ -85,10 +88,10 @@ def test_the_user_gets_tau2s_system_prompt_word_for_word_and_replies_greedily_wi
 
 def test_the_users_sampling_can_be_set_and_settings_that_would_not_apply_are_refused():
     policy = ScriptedPolicy([])
-    user = make_user("llm", lambda: policy, protocol="tau2", temperature=0.5, max_tokens=64)
+    user = make_user("llm", lambda: policy, protocol=TAU2_PROTOCOL, temperature=0.5, max_tokens=64)
     assert (user.reply_sampling.temperature, user.reply_sampling.max_new_tokens) == (0.5, 64)
     assert make_user("llm", lambda: policy).reply_sampling.temperature == 0.7  # the "envace" protocol's
-    endpoint = make_user("http://localhost:1/v1", lambda: policy, "m", protocol="tau2").model
+    endpoint = make_user("http://localhost:1/v1", lambda: policy, "m", protocol=TAU2_PROTOCOL).model
     assert endpoint.params["temperature"] == 0.0 and "max_tokens" not in endpoint.params  # the server's own bound
     for user, kwargs, says in (
         ("scripted", {"temperature": 0.0}, "has none"),
@@ -100,8 +103,8 @@ def test_the_users_sampling_can_be_set_and_settings_that_would_not_apply_are_ref
             check_user(user, None, kwargs.get("temperature"), kwargs.get("max_tokens"))
     with pytest.raises(ValueError, match="has none"):
         _env("scripted", user_temperature=0.0)
-    assert UserSimulator(policy).for_protocol("tau2").protocol == "tau2"  # a user naming none takes the domain's
-    assert UserSimulator(policy, protocol="envace").for_protocol("tau2").protocol == "envace"
+    assert UserSimulator(policy).for_protocol(TAU2_PROTOCOL).protocol is TAU2_PROTOCOL  # none named: the domain's
+    assert UserSimulator(policy, protocol=ENVACE_PROTOCOL).for_protocol(TAU2_PROTOCOL).protocol is ENVACE_PROTOCOL
     assert NO_BUDGET == 0
 
 
@@ -140,7 +143,7 @@ def test_tool_errors_are_answered_as_tau2_answers_them_and_max_errors_ends_the_r
 def test_every_end_but_the_users_stop_scores_0_under_tau2_and_the_trajectory_under_envace():
     """All the gold actions done, the run cut by the turn bound: τ² gives 0 (a premature end); the "envace" protocol
     scores what was done."""
-    for protocol, expected in (("tau2", 0.0), ("envace", 1.0)):
+    for protocol, expected in ((TAU2_PROTOCOL, 0.0), (ENVACE_PROTOCOL, 1.0)):
         env = _env(UserSimulator(_user(), protocol=protocol), on_invalid="feedback", max_turns=1)
         task = next(t for t in env.domain.tasks("train")
                     if len(t.expected["gold_actions"]) == 1 and not t.expected["communicate_info"])  # fmt: skip
@@ -291,7 +294,7 @@ def test_a_user_who_cannot_open_the_conversation_fails_the_run_under_tau2():
     assert "empty" in info["user_opening_error"]
     *_, reward, terminated, truncated, info = env.step("How can I help?")
     assert truncated and info["reward_masked"] and info["termination_reason"] == "user_error"
-    env = _env(UserSimulator(_user(opening=""), protocol="envace"))
+    env = _env(UserSimulator(_user(opening=""), protocol=ENVACE_PROTOCOL))
     env.reset(seed=0, options={"task": env.domain.tasks("train")[0].id})
     *_, terminated, truncated, info = env.step("How can I help?")
     assert not (terminated or truncated) and info["user"]["text"] == "Go ahead."

@@ -6,7 +6,7 @@ import jsonschema
 import pytest
 
 from envace_gym import ErrorCode, SchemaError, ToolCall, ToolRegistry, ToolSchema, UnknownToolError
-from envace_gym.tools import normalize_bfcl_schema
+from envace_gym.envs.bfcl.schemas import from_bfcl, normalize_bfcl_schema
 from envace_gym.tools.budget import bounded
 from envace_gym.tools.patterns import linear_time
 
@@ -81,7 +81,7 @@ def test_openai_mcp_bfcl_forms():
     assert ToolSchema.from_openai(OPENAI["function"]).name == "search"
     mcp = ToolSchema.from_mcp(MCP)
     assert mcp.returns["required"] == ["text"]
-    bfcl = ToolSchema.from_bfcl(BFCL)
+    bfcl = from_bfcl(BFCL)  # BFCL's doc format is its domain's to read (envs/bfcl)
     props = bfcl.parameters["properties"]
     assert bfcl.parameters["type"] == "object"
     assert props["base"]["type"] == "number" and props["corners"]["type"] == "array"
@@ -89,7 +89,7 @@ def test_openai_mcp_bfcl_forms():
     assert "type" not in props["meta"]  # "any" drops the constraint
     assert props["options"]["type"] == "object"
     assert bfcl.parameters["required"] == ["base", "height"]  # names of absent properties dropped
-    for form in (OPENAI, MCP, BFCL, get_weather):
+    for form in (OPENAI, MCP, get_weather):
         assert isinstance(ToolSchema.coerce(form), ToolSchema)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import gymnasium as gym
@@ -13,15 +14,8 @@ import pytest
 import envace_gym  # noqa: F401  (registers the ids)
 from envace_gym.endpoint import ChatEndpoint
 from envace_gym.episode.chat import ChatFormat
-from envace_gym.episode.users import (
-    OPENING,
-    STOP_MARKERS,
-    USER_SAMPLING,
-    UserSimulator,
-    check_user,
-    make_user,
-    task_scenario,
-)
+from envace_gym.domains.user_protocol import OPENING, STOP_MARKERS, USER_SAMPLING, EpisodeRules, UserProtocol
+from envace_gym.episode.users import UserSimulator, check_user, make_user, task_scenario
 from envace_gym.policy.protocol import SamplingParams
 from envace_gym.rollout import collect_rollouts
 from envace_gym.testing import ScriptedPolicy, tiny_policy
@@ -63,6 +57,30 @@ def test_every_stop_marker_ends_the_conversation(marker):
     env.reset(options={"task": "travel/000"})
     *_, terminated, truncated, info = env.step("Done.")
     assert terminated and info["user"]["stop"] == marker and "reward_checks" in info
+
+
+def test_a_domain_brings_its_own_user_protocol():
+    """A benchmark's user rules are a UserProtocol of its own (in its envs/ folder): its stop markers, its bounds and
+    how a cut run scores reach the episode with no change to envace_gym/episode."""
+
+    class Strict(UserProtocol):
+        name = "strict"
+        stop_markers = ("<<BYE>>",)
+        scores_cut_runs = False
+
+        def rules(self, asked: EpisodeRules, domain_max_turns: int) -> EpisodeRules:
+            return replace(super().rules(asked, domain_max_turns), max_turns=2)
+
+    env = _env(UserSimulator(ScriptedPolicy(["Thanks <<BYE>>"]), protocol=Strict()))
+    env.reset(options={"task": "travel/000"})
+    *_, terminated, truncated, info = env.step("Done.")
+    assert terminated and info["user"]["stop"] == "<<BYE>>" and info["termination_reason"] == "user_stop"
+    env = _env(UserSimulator(ScriptedPolicy(lambda prompt: "###STOP### is not my word."), protocol=Strict()))
+    env.reset(options={"task": "travel/000"})
+    assert env.episode.max_turns == 2
+    outcomes = [env.step("Anything else?") for _ in range(2)]
+    reward, info = outcomes[-1][1], outcomes[-1][4]
+    assert outcomes[-1][3] and info["truncation"] == "max_turns" and reward == 0.0 and info["reward_checks"] == {}
 
 
 def test_a_user_that_never_stops_ends_at_max_user_turns():

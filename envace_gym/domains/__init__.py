@@ -18,14 +18,17 @@ from .reward import RewardResult, numbers_in, score_expected
 from .spec import DomainSpec
 from .task import SPLITS, LazyTasks, ReferenceRecorder, ReferenceTurn, Task, check_split, stable_hash
 from .trajectory import CallRecord, Trajectory
+from .user_protocol import ENVACE_PROTOCOL, EpisodeRules, UserProtocol
 
 __all__ = [
     "CallRecord",
     "DatasetDomain",
     "Domain",
     "DomainSpec",
+    "ENVACE_PROTOCOL",
     "ENTRY_POINT_GROUP",
     "FolderDomain",
+    "EpisodeRules",
     "GeneratedDomain",
     "LazyTasks",
     "ReferenceRecorder",
@@ -34,6 +37,7 @@ __all__ = [
     "SPLITS",
     "Task",
     "Trajectory",
+    "UserProtocol",
     "check_split",
     "is_dataset_source",
     "list_domains",

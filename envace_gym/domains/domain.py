@@ -22,6 +22,7 @@ from ..tools.schema import ToolRegistry
 from .reward import RewardResult, score_expected
 from .task import SPLITS, LazyTasks, Task, check_split, stable_hash
 from .trajectory import Trajectory
+from .user_protocol import ENVACE_PROTOCOL, UserProtocol
 
 if TYPE_CHECKING:
     from .spec import DomainSpec
@@ -39,9 +40,9 @@ class Domain:
     description: str = ""
     system_prompt: str = "You are a helpful assistant. Use the tools when they help, then answer the user."
     max_turns: int = 12
-    # How a simulated user plays this domain's tasks (envace_gym.episode.users): "envace", or "tau2" (τ²-Bench's
-    # user, bounds and scoring)
-    user_protocol: str = "envace"
+    # How a simulated user plays this domain's tasks: its prompt, sampling, the episode's bounds and scoring (a
+    # benchmark's own protocol subclasses UserProtocol in its envs/ folder, as envs/tau2/protocol.py does)
+    user_protocol: UserProtocol = ENVACE_PROTOCOL
     executes_calls: bool = True  # False when the real executor only acknowledges calls (nothing to rehearse toward)
     # Tasks whose reference is known to be wrong upstream (a benchmark's data), with why: the domain check reports
     # their findings as warnings, not errors.

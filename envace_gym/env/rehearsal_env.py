@@ -73,8 +73,8 @@ class RehearsalEnv(gym.Env[str, str]):
     (``on_invalid="terminate"``) an invalid call, or ``max_errors`` tool errors (reward 0). Truncated: ``max_turns``
     Act turns, ``max_user_turns`` user turns, ``max_messages`` messages (reward 0), the next prompt not fitting the
     policy's context or the observation space, or a simulated user's reply that cannot be used (the reward is
-    masked). ``info["termination_reason"]`` names the end. Under a simulated user's ``"tau2"`` protocol (τ²-Bench's
-    domains) every end but the user's stop earns 0 and the bounds are τ²'s (:mod:`envace_gym.episode.users`).
+    masked). ``info["termination_reason"]`` names the end. A simulated user's protocol (the domain's
+    ``user_protocol``) may set other bounds and score a cut run 0: τ²-Bench's domains do (``envs/tau2/protocol.py``).
 
     ## Info
 

@@ -1,5 +1,5 @@
-"""The Act turn as ids: the generation's own, or its text tokenized as the template writes such a turn; and the
-turn recorded (the conversation, an ``act`` row, ``info["act"]``)."""
+"""The Act turn as ids: the generation's own, or its text tokenized as the template writes such a turn; and what the
+turn records (an ``act`` row, ``info["act"]``), for the episode to apply."""
 
 from __future__ import annotations
 
@@ -27,18 +27,15 @@ def act_ids(episode: Episode, action: str, act: Generation | None, calls: bool) 
     return ids, [0.0] * len(ids)
 
 
-def record_act(
-    episode: Episode, ids: list[int], shown: str, logprobs: list[float], act: Generation | None, info: dict[str, Any]
-) -> None:
-    """The Act turn joins the conversation (trained tokens); a generated one is also an ``act`` row."""
-    prompt = tuple(episode.prompt_ids)
-    if act is not None:
-        episode.rows.append(Row(Role.ACT, prompt, act.completion_ids, act.logprobs, (1,) * len(ids)))
-    info["act"] = {
+def act_record(
+    prompt: tuple[int, ...], ids: list[int], logprobs: list[float], act: Generation | None
+) -> tuple[Row | None, dict[str, Any]]:
+    """The Act turn written after ``prompt``: its training row (an ``act`` row, where it was generated) and
+    ``info["act"]``. The episode applies them."""
+    row = Row(Role.ACT, prompt, act.completion_ids, act.logprobs, (1,) * len(ids)) if act is not None else None
+    return row, {
         "prompt_ids": list(prompt),
         "completion_ids": list(ids),
         "logprobs": logprobs if act is not None else None,
         "generated": act is not None,
     }
-    episode.append_ids(ids, shown, logprobs, trained=True)
-    episode.transcript.turn_open = not ids or ids[-1] not in episode.chat.stop_ids

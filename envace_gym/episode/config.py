@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..domains.user_protocol import MAX_USER_TURNS
 from ..parsing.act import DEFAULT_LIMITS, Limits
 from ..parsing.formats import FORMATS
 from ..policy.protocol import SamplingParams
@@ -25,9 +26,6 @@ from .users import check_user
 ON_INVALID = ("terminate", "feedback")
 REWARDS = ("domain", "reference")
 REHEARSAL_MODES = ("separate", "inline")
-MAX_USER_TURNS = 30  # the default of every entry point that plays episodes ("envace" protocol)
-TAU2_MAX_STEPS = 200  # τ²-Bench's bounds (its DEFAULT_MAX_STEPS, DEFAULT_MAX_ERRORS): the "tau2" protocol's
-TAU2_MAX_ERRORS = 10
 MAX_OBSERVATION_CHARS = 1_000_000  # the bound of RehearsalEnv's observation space: no conversation grows past it
 
 
@@ -56,24 +54,25 @@ class EpisodeSettings:
     on_invalid: str | None = _setting(
         None,
         "A malformed call or a failed rehearsal: terminate (the episode ends at reward 0, the paper's) or feedback (the "
-        "typed error is the tool's response and the episode goes on). Default: terminate, and feedback under a "
-        "simulated user's tau2 protocol (tau2-Bench answers an error and goes on; it refuses terminate).",
+        "typed error is the tool's response and the episode goes on). Default: the simulated user's protocol's "
+        "(terminate for the envace protocol; a benchmark's may answer errors and refuse terminate).",
         choices=ON_INVALID,
     )
-    max_turns: int | None = _setting(None, "Most Act turns before truncation (default: the domain's; none under tau2).")
+    max_turns: int | None = _setting(
+        None, "Most Act turns before truncation (default: the domain's; a user protocol may set none)."
+    )
     max_user_turns: int | None = _setting(
-        None, f"Most user turns before truncation (default: {MAX_USER_TURNS}; none under tau2)."
+        None, f"Most user turns before truncation (default: {MAX_USER_TURNS}; a user protocol may set none)."
     )
     max_messages: int | None = _setting(
         None,
-        "Most messages, counted as tau2-Bench counts its steps (each user message, agent message and batch of tool "
-        "responses is one), before the episode ends at reward 0 (termination reason max_steps, tau2's). Default: "
-        f"none, and {TAU2_MAX_STEPS} under tau2.",
+        "Most messages (each user message, agent message and batch of tool responses is one), before the episode "
+        "ends at reward 0 (termination reason max_steps). Default: none, or the simulated user's protocol's.",
     )
     max_errors: int | None = _setting(
         None,
         "Most tool errors (invalid or malformed calls, failed or rehearsed errors) before the episode ends at reward "
-        f"0 (too_many_errors). Default: none, and {TAU2_MAX_ERRORS} under tau2.",
+        "0 (too_many_errors). Default: none, or the simulated user's protocol's.",
     )
     tool_call_format: str | None = _setting(
         None,
@@ -94,12 +93,12 @@ class EpisodeSettings:
     )
     user_model: str | None = _setting(None, "The model name of an endpoint user (user is a URL).")
     user_temperature: float | None = _setting(
-        None, "The simulated user's temperature (default: its protocol's: 0 under tau2, as tau2-Bench, else 0.7)."
+        None, "The simulated user's temperature (default: its protocol's; 0.7 for the envace protocol)."
     )
     user_max_tokens: int | None = _setting(
         None,
-        "The simulated user's reply budget, 0 for none but its context (default: its protocol's: none under tau2, "
-        "as tau2-Bench, else 128).",
+        "The simulated user's reply budget, 0 for none but its context (default: its protocol's; 128 for the "
+        "envace protocol).",
     )
 
     def __post_init__(self) -> None:

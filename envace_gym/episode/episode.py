@@ -14,6 +14,12 @@ docs/method.md ("Roll-out") describes it:
 The Rehearse role's part of a turn is its rehearsal mode's (:data:`TOOL_TURNS`); the conversation, as token ids
 that only grow, and the turn's counters are the :class:`~envace_gym.episode.transcript.Transcript`, whose mark
 undoes a failed turn.
+
+The episode is the one owner of its state: the modules it calls (:mod:`.acts`, :mod:`.endings`, :mod:`.routes`,
+:mod:`.user_turns`, the rehearsal modes) compute and return decisions (a row, an :class:`~.endings.Ending`, the
+answered calls), which the episode applies. Every way an episode ends goes through :meth:`Episode._end`; the rules
+a simulated user's protocol sets (bounds, opening, scoring of a cut run) are asked of its
+:class:`~envace_gym.domains.user_protocol.UserProtocol`.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from ..domains.domain import Domain
 from ..domains.reward import RewardResult
 from ..domains.task import Task
 from ..domains.trajectory import CallRecord, Trajectory
-from ..errors import DomainError, EnvACEError, PolicyError, TaskTooLongError
+from ..domains.user_protocol import ENVACE_PROTOCOL, OPENING, EpisodeRules
+from ..errors import DomainError, EnvACEError, ErrorCode, PolicyError, TaskTooLongError, ToolError
 from ..parsing.formats import strip_think, tool_call_format
 from ..policy.protocol import Generation
 from ..text import clean_text
@@ -38,16 +45,26 @@ from ..tools.budget import StepBudget
 from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
 from . import inline, separate
-from .acts import act_ids, record_act
+from .acts import act_ids, act_record
 from .chat import ChatFormat
 from .config import MAX_OBSERVATION_CHARS, EpisodeConfig
-from .endings import abort, after_errors, continue_or_end, finish, rules
-from .responses import dump, tool_message
+from .endings import (
+    Ending,
+    at_bound,
+    bound_reached,
+    environment_failed,
+    finished,
+    invalid_call,
+    next_ending,
+    score,
+    user_failed,
+)
+from .responses import dump, payload, tool_message
 from .routes import answer_without_model
-from .transcript import Transcript
+from .transcript import Mark, Transcript
 from .types import CallState, GenerationRequest, Row, StepOutcome
-from .user_turns import keep_user_row, user_failed, user_turn
-from .users import OPENING, UserReply, UserRequest, UserSimulator
+from .user_turns import answer_user_calls, user_info, user_row
+from .users import UserReply, UserRequest, UserSimulator
 
 logger = logging.getLogger("envace_gym")
 
@@ -56,7 +73,7 @@ Request = GenerationRequest | UserRequest
 Answer = Generation | UserReply
 TurnCoroutine = Generator[list[Request], list[Answer], StepOutcome]
 
-# Each rehearsal mode's tool turn (its module says what it does), by its name in types.REHEARSAL_MODES.
+# Each rehearsal mode's tool turn (its module says what it does), by its name in config.REHEARSAL_MODES.
 TOOL_TURNS = {"separate": separate.tool_turn, "inline": inline.tool_turn}
 NOTHING_MORE = "I have nothing more to do."  # the Act turn of a reference replay past the reference solution
 
@@ -80,10 +97,11 @@ class Episode:
             would make it longer is not kept and ends the episode (``truncation="context"``).
         user: A simulated user (:class:`~envace_gym.episode.users.UserSimulator`) that answers each final answer
             of the agent, instead of the task's scripted user turns; ``None``: scripted.
-        opening: The user's first message, when the simulated user writes it (τ²-Bench's tasks: see
-            :meth:`~envace_gym.episode.users.UserSimulator.writes_opening`); a reply that cannot be used (or a stop
-            marker) leaves the task's own prompt in its place, with ``info["user_opening_error"]`` saying why; under
-            τ²'s protocol the first step then ends the run as the user's failure (``"user_error"``), as τ² counts it.
+        opening: The user's first message, when the simulated user writes it (a task with a scenario of its own:
+            see :meth:`~envace_gym.episode.users.UserSimulator.writes_opening`); a reply that cannot be used (or a
+            stop marker) leaves the task's own prompt in its place, with ``info["user_opening_error"]`` saying why;
+            under a protocol whose ``failed_opening_fails`` the first step then ends the run as the user's failure
+            (``"user_error"``).
 
     Raises:
         TaskTooLongError: The task's opening prompt does not fit: with ``act_max_new_tokens`` (at least one) left
@@ -112,12 +130,12 @@ class Episode:
         self.tool_format = tool_call_format(
             tokenizer, config.tool_call_format, self.chat.generation_prompt, self.chat.end_texts
         )
-        self.registry = domain.tools_for(task)  # most domains share one registry; BFCL tasks bring their own
+        self.registry = domain.tools_for(task)  # most domains share one registry; some tasks bring their own
         self.whitelist = domain.whitelist(task)
         self.tools_openai = self.registry.to_openai(self.whitelist, compact=True)  # the Act prompt's tools
         self.candidates = [self.registry[n] for n in self.whitelist]
-        # A user with tools of its own (τ²-Bench's telecom user holds the phone): its calls are checked against
-        # these, run on the user's side of the world and shown to the user only.
+        # A user with tools of its own (say, one who holds a phone): its calls are checked against these, run on
+        # the user's side of the world and shown to the user only.
         self.user_registry = domain.user_tools_for(task) if user is not None else None
         self.user_tools = tuple(self.user_registry.to_openai(compact=True)) if self.user_registry is not None else ()
         self.executor = None
@@ -127,11 +145,13 @@ class Episode:
                 raise DomainError(f"domain {domain.name!r} has no real executor; use executor='rehearsal' or 'cached'")
         self.cache = ReferenceCache(task.reference_pairs()) if config.executor == "cached" else None
         self.reference_pairs = task.reference_pairs()
-        self.protocol = (user.protocol if user is not None else None) or "envace"
-        self.on_invalid, self.max_turns, self.max_user_turns, self.max_messages, self.max_errors = rules(
-            config, domain.max_turns, self.protocol
-        )
-        self.termination_reason: str | None = None  # why it ended, in τ²-Bench's words where τ² has them
+        self.protocol = (user.protocol if user is not None else None) or ENVACE_PROTOCOL
+        asked = EpisodeRules(config.on_invalid, config.max_turns, config.max_user_turns, config.max_messages,
+                             config.max_errors)  # fmt: skip
+        rules = self.protocol.rules(asked, domain.max_turns)
+        self.on_invalid, self.max_turns, self.max_user_turns = rules.on_invalid, rules.max_turns, rules.max_user_turns
+        self.max_messages, self.max_errors = rules.max_messages, rules.max_errors
+        self.termination_reason: str | None = None  # why it ended (in a benchmark's words, where its protocol has them)
         self.opening_error: str | None = None
         self.user_error: str | None = None  # why the simulated user's reply could not be used (the end, masked)
         if opening is not None and not opening.text:
@@ -139,7 +159,7 @@ class Episode:
             logger.warning("episode of %s opens with the task's prompt: %s", task.id, self.opening_error)
         first = opening.text if opening is not None and opening.text else task.prompt
         messages = [{"role": "system", "content": clean_text(task.system_prompt or domain.system_prompt)}]
-        if opening is not None and self.protocol == "tau2":  # τ²: the greeting the user answered opens both views
+        if opening is not None and self.protocol.greets:  # the greeting the user answered opens both views
             messages.append({"role": "assistant", "content": OPENING})
         messages.append({"role": "user", "content": clean_text(first)})
         # The conversation as ids: rendered and tokenized once here, then only appended to.
@@ -148,11 +168,11 @@ class Episode:
         ids = self.chat.encode(text)
         self._refuse_if_too_long(len(text), tokens=len(ids))
         self.transcript = Transcript(messages, ids, text)
-        # What a simulated user sees, as in τ²-Bench: the user's own turns and the agent's answers without
-        # reasoning; never a call, its raw text when malformed, a tool's result nor an error.
+        # What a simulated user sees: the user's own turns and the agent's answers without reasoning; never a call,
+        # its raw text when malformed, a tool's result nor an error.
         self.user_view: list[dict[str, str]] = [messages[-1]]
         if opening is not None and self.opening_error is None:
-            keep_user_row(self, opening)
+            self._keep_user_row(opening)
         self.scripted_turns = tuple(clean_text(turn) for turn in task.user_turns)  # the later user turns, in order
         if (self.scripted_turns or user is not None) and self.chat.user_turns_ok is not None:
             raise PolicyError(
@@ -260,16 +280,20 @@ class Episode:
         if self.done:
             raise EnvACEError("this episode is over; call reset() before step()")
         mark = self.transcript.mark()
-        try:
-            return (yield from self._turn(clean_text(action) if isinstance(action, str) else action, act))
-        except Exception as exc:
-            return abort(self, mark, exc)
-
-    def _turn(self, action: str, act: Generation | None) -> TurnCoroutine:
         info: dict[str, Any] = {"tool_calls": [], "calls": [], "rehearsals": [], "error": None}
+        try:
+            ending = yield from self._turn(clean_text(action) if isinstance(action, str) else action, act, info)
+            return self._outcome(0.0, False, False, info) if ending is None else self._end(ending, info)
+        except Exception as exc:
+            return self._abort(mark, exc)
+
+    def _turn(
+        self, action: str, act: Generation | None, info: dict[str, Any]
+    ) -> Generator[list[Request], list[Answer], Ending | None]:
+        """The turn itself: its :class:`~.endings.Ending`, or ``None`` when the episode goes on."""
         t = self.transcript
-        if self.opening_error is not None and self.protocol == "tau2":  # τ²: a user who could not open fails the run
-            return user_failed(self, self.opening_error, info)
+        if self.opening_error is not None and self.protocol.failed_opening_fails:  # a user who could not open
+            return user_failed(self.opening_error)
         if act is not None and self.tool_format.act_tokens:  # the format's own special tokens are part of the call
             action = self.chat.act_view(act.completion_ids, self.tool_format.act_tokens)
         # Parsing, validation, routing and result checks share one time budget (Limits.max_check_seconds).
@@ -283,10 +307,14 @@ class Episode:
         shown = self.chat.display(ids)
         if not self._fits(len(ids), len(shown)):  # the turn itself does not fit: nothing of it is kept
             info["act"] = None
-            return finish(self, info, "context")
+            return finished("context")
         t.turn += 1
         t.steps += 1
-        record_act(self, ids, shown, logprobs, act, info)
+        row, info["act"] = act_record(tuple(self.prompt_ids), ids, logprobs, act)
+        if row is not None:
+            t.rows.append(row)
+        self.append_ids(ids, shown, logprobs, trained=True)  # the Act turn joins the conversation (trained tokens)
+        t.turn_open = not ids or ids[-1] not in self.chat.stop_ids
         calls = [replace(c, id=f"call_{t.turn}_{i}") for i, c in enumerate(parsed.calls)]
         text = action[: self.config.limits.max_action_chars] if isinstance(action, str) else ""
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -301,7 +329,7 @@ class Episode:
             self.add_messages(
                 [{"role": self.chat.error_role, "name": "", "content": dump(parsed.error.to_payload())}]
             )
-            return after_errors(self, [parsed.error], info)
+            return self._after_errors([parsed.error], info)
 
         if parsed.content.strip():
             t.said.append(parsed.content)
@@ -309,14 +337,14 @@ class Episode:
             self.answers.append(parsed.content)
             self.user_view.append({"role": "assistant", "content": strip_think(parsed.content).strip()})
             if self.user is not None:
-                return (yield from user_turn(self, self.user, info))
+                return (yield from self._user_turn(self.user, info))
             if t.user_turns > len(self.scripted_turns):  # (the opening is user turn 1)
-                return finish(self, info, "agent_stop")
+                return finished("agent_stop")
             turn = {"role": "user", "content": self.scripted_turns[t.user_turns - 1]}
             self.add_messages([turn])
             self.user_view.append(turn)
             t.user_turns += 1
-            return continue_or_end(self, info)
+            return next_ending(self)
 
         # Validate every call before answering any: an invalid call ends the turn cheaply.
         states = [CallState(call) for call in calls]
@@ -324,7 +352,7 @@ class Episode:
             for state in states:
                 state.error = self.registry.validate(state.call, self.whitelist).error
         invalid = [s.error for s in states if s.error is not None]
-        t.steps += 1  # the tool responses to the turn's calls: one message, as τ² counts them
+        t.steps += 1  # the tool responses to the turn's calls: one message (max_messages counts them so)
         if invalid and self.on_invalid == "terminate":
             self.records.extend(
                 CallRecord(t.turn, s.call, None, error=s.error, user_turn=t.user_turns) for s in states
@@ -333,7 +361,7 @@ class Episode:
             self.add_messages(
                 [tool_message(s.call, s.error.to_payload()) for s in states if s.error is not None], calls
             )
-            return after_errors(self, invalid, info)
+            return self._after_errors(invalid, info)
 
         failures = getattr(self.executor, "failures", 0)
         for state in states:
@@ -341,7 +369,8 @@ class Episode:
                 answer_without_model(self, state)
         t.errors += getattr(self.executor, "failures", 0) - failures  # a tool that refused (ToolFailure)
 
-        yield from TOOL_TURNS[self.config.rehearsal_mode](self, states, text, info)  # the Rehearse role's turn
+        # the Rehearse role's turn: it answers the calls routed to it and grows the chat by the tool turn
+        t.rows += yield from TOOL_TURNS[self.config.rehearsal_mode](self, states, text, info)
 
         self.records.extend(
             CallRecord(t.turn, s.call, s.route, s.response, s.error, t.user_turns) for s in states
@@ -349,8 +378,146 @@ class Episode:
         info["calls"] = [r.to_dict() for r in self.records[-len(calls) :]]
         errors = [s.error for s in states if s.error is not None]
         if errors:
-            return after_errors(self, errors, info)
-        return continue_or_end(self, info)
+            return self._after_errors(errors, info)
+        return next_ending(self)
+
+    def _after_errors(self, errors: list[ToolError], info: dict[str, Any]) -> Ending | None:
+        """A turn with errors: the end under ``on_invalid="terminate"`` (reward 0), else the episode goes on."""
+        info["error"] = errors[0].to_dict()
+        self.transcript.errors += len(errors)
+        return invalid_call() if self.on_invalid == "terminate" else next_ending(self)
+
+    # -- a simulated user's turn -----------------------------------------------------------------------
+    def _user_turn(
+        self, user: UserSimulator, info: dict[str, Any]
+    ) -> Generator[list[Request], list[Answer], Ending | None]:
+        """The simulated user answers the agent's final answer: a message (context, never trained as the agent's), a
+        stop marker (the end: the reward is scored), or a reply that cannot be used (the end, masked: not the agent's
+        fault). A user with tools of its own may first call them, as often as it likes: each time the results go
+        back to it (:func:`~.user_turns.answer_user_calls`) and it is asked again."""
+        t = self.transcript
+        if self.max_user_turns is not None and t.user_turns >= self.max_user_turns:
+            return finished("max_user_turns")
+        while True:
+            bound = bound_reached(self)  # the message and error bounds are checked before the user answers, too
+            if bound is not None:
+                return at_bound(bound)
+            (reply,) = yield [UserRequest(user, self.task, tuple(self.user_view), self.user_tools)]
+            t.steps += 1
+            info["user"] = user_info(reply)
+            self._keep_user_row(reply)
+            if reply.error is not None:
+                return user_failed(reply.error)
+            if not reply.calls:
+                break
+            # The user's calls of its own tools: they and their results join the user's view only; a refused or
+            # failed call counts as a tool error (max_errors).
+            answered = yield from answer_user_calls(self, reply, info)
+            t.steps += 1  # the tool responses: one message
+            t.errors += answered.failures + sum(s.error is not None for s in answered.states)
+            t.rows += answered.rows
+            records = [CallRecord(t.turn, s.call, s.route, s.response, s.error, t.user_turns, requestor="user")
+                       for s in answered.states]  # fmt: skip
+            t.records.extend(records)
+            info.setdefault("user_calls", []).extend(r.to_dict() for r in records)
+            calls = [s.call.to_openai() for s in answered.states]
+            self.user_view.append({"role": "user", "content": reply.text, "tool_calls": calls})
+            self.user_view += [tool_message(s.call, payload(s)) for s in answered.states]
+        if reply.stop is not None:
+            bound = bound_reached(self)  # the bound check follows the stop and overrides it
+            return at_bound(bound) if bound is not None else finished("user_stop")
+        self.add_messages([{"role": "user", "content": reply.text}])
+        self.user_view.append({"role": "user", "content": reply.text})
+        t.user_turns += 1
+        return next_ending(self)
+
+    def _keep_user_row(self, reply: UserReply) -> None:
+        row = user_row(self.user, reply)
+        if row is not None:
+            self.transcript.rows.append(row)
+
+    # -- the end --------------------------------------------------------------------------------------
+    def _end(self, ending: Ending, info: dict[str, Any]) -> StepOutcome:
+        """The one place an episode ends, whichever way (:mod:`.endings` builds each): the agent's final answer after
+        the last scripted user turn (``agent_stop``) or the user's stop marker (``user_stop``), scored; a turn, user
+        turn or context limit (``max_turns``, ``max_user_turns``, ``context``: truncated), scored unless the user's
+        protocol gives a cut run 0; an invalid call under ``on_invalid="terminate"`` (``invalid_call``) or a message
+        or error bound (``max_steps``, ``too_many_errors``), at 0; a user's reply that cannot be used
+        (``user_error``) or the environment's own failure (``environment_error``), masked. An imagined episode
+        (:meth:`fork`) is never scored: its reward is masked."""
+        self.done, self.termination_reason = True, ending.reason
+        if ending.cut:
+            info["truncation"] = ending.reason
+        if ending.user_error is not None:
+            logger.warning("episode of %s masked: %s", self.task.id, ending.user_error)
+            self.user_error = info["user_error"] = ending.user_error
+        reward = ending.reward
+        if reward is None and not self.scored:
+            reward = RewardResult(None, {})
+        elif reward is None and ending.truncated and not self.protocol.scores_cut_runs:
+            reward = RewardResult(0.0, {})
+        elif reward is None:
+            reward, error = score(self)
+            if error is not None:
+                info["reward_error"] = error
+        self.reward_result = reward
+        return self._outcome(0.0 if reward.score is None else float(reward.score), not ending.truncated,
+                             ending.truncated, info)  # fmt: skip
+
+    def _abort(self, mark: Mark, exc: Exception) -> StepOutcome:
+        """The environment's own code failed during a turn: the turn undone back to ``mark``, the episode ended as
+        truncated with its reward masked and an ``ENVIRONMENT_ERROR``."""
+        self.transcript.rollback(mark)
+        error = ToolError(
+            ErrorCode.ENVIRONMENT_ERROR,
+            f"the environment failed during this turn ({type(exc).__name__}: {exc}); the turn was undone"[:300],
+            {"exception": type(exc).__name__},
+            source="environment",
+        )
+        logger.warning("episode of %s ended: %s", self.task.id, error.message, exc_info=exc)
+        info = {"tool_calls": [], "calls": [], "rehearsals": [], "error": error.to_dict(), "act": None}
+        return self._end(environment_failed(), info)
+
+    def _outcome(self, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepOutcome:
+        """The step's outcome, with what ``info`` says of every step (and of the end, once there is one)."""
+        info.update(self.base_info())
+        if self.done:
+            info["termination_reason"] = self.termination_reason
+        if self.done and self.reward_result is not None:
+            info["reward_checks"] = dict(self.reward_result.checks)
+            info["reward_masked"] = self.reward_result.score is None
+            if self.reward_result.note:
+                info["reward_note"] = self.reward_result.note
+            info["success"] = self.reward_result.success
+        return StepOutcome(self.prompt_text, reward, terminated, truncated, info)
+
+    # -- an imagined copy -----------------------------------------------------------------------------
+    def fork(self, config: EpisodeConfig, rng: np.random.Generator, note: str | None = None) -> Episode:
+        """A private copy of the conversation so far, played on under ``config`` (say, every call rehearsed):
+        nothing done in it reaches this episode or its executor. It knows no future user turn (a final answer ends
+        it) and it is not scored: the verifier's view of the task is not the agent's. A ``note`` (say, a planner's
+        memory) is placed before the copy's next Act turn (:meth:`prompt_with_note`)."""
+        twin = copy.copy(self)
+        twin.config, twin.rng, twin.key = config, rng, None
+        twin.executor = None if config.executor == "rehearsal" else self.domain.make_executor(self.task)
+        twin.cache = None
+        # the copy records only what happens in it, from its prompt on (with the note)
+        twin.transcript = self.transcript.fork(self.prompt_with_note(note) if note is not None else None)
+        twin.scripted_turns, twin.scored, twin.done, twin.reward_result = (), False, False, None
+        twin.user = None
+        twin.user_view = list(self.user_view)  # its final answers are its own: the real user never sees them
+        twin.on_invalid = config.on_invalid or self.on_invalid
+        twin.max_turns = self.turn + (config.max_turns or self.max_turns or self.domain.max_turns)
+        return twin
+
+    def prompt_with_note(self, note: str, role: str = "system") -> tuple[list[int], str]:
+        """The next Act prompt (ids, text) with a private note inserted just before the assistant's turn; the
+        episode itself is unchanged."""
+        opening, tail = self.chat.generation_prompt, self.chat.generation_prompt_ids
+        if not self.prompt_text.endswith(opening) or self.prompt_ids[-len(tail) :] != tail:
+            raise EnvACEError("the prompt does not end with the template's generation prompt")
+        insert = self.chat.insertion([{"role": role, "content": self.chat.neutralize(clean_text(note))}]) + opening
+        return self.prompt_ids[: -len(tail)] + self.chat.encode(insert), self.prompt_text[: -len(opening)] + insert
 
     # -- growing the conversation ---------------------------------------------------------------------
     def append_ids(self, ids: list[int], text: str, logprobs: list[float] | None, trained: bool) -> None:
@@ -358,6 +525,11 @@ class Episode:
 
     def append_text(self, text: str) -> None:
         self.append_ids(self.chat.encode(text), text, None, trained=False)
+
+    def keep_message(self, message: dict[str, Any]) -> None:
+        """A message joins the messages only: its ids are appended on their own (``inline``'s tool turn writes them
+        as it generates)."""
+        self.transcript.messages.append(message)
 
     def close_turn(self, end: str) -> None:
         """An Act turn cut by the token budget still needs its end token (``end``) before anything follows; so does

@@ -2,7 +2,8 @@
 template's tool turn. The episode is one training row in which the Act and Rehearse tokens are trained and the
 template's scaffolding is masked: cheaper than ``separate`` (no second prompt), without privileged context.
 
-The mode's ``tool_turn`` follows the contract of :mod:`envace_gym.episode.separate`.
+The mode's ``tool_turn`` follows the contract of :mod:`envace_gym.episode.separate` (its rows: none; the episode is
+its row).
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ def tool_turn(episode: Episode, states: list[CallState], action: str, info: dict
     for i, state in enumerate(states):
         call, after = state.call, pieces[i + 1]
         if state.route != "rehearsal":
-            episode.messages.append(tool_message(call, payload(state)))
+            episode.keep_message(tool_message(call, payload(state)))
             episode.append_text(dump(payload(state)) + after)
             continue
         closing = chat.closing(after)
         params = replace(cfg.sampling(), stop=(closing,) if closing else ())
         if len(episode.prompt_ids) + params.max_new_tokens > episode.max_context:
             state.error = overflow(len(episode.prompt_ids), episode.max_context - params.max_new_tokens)
-            episode.messages.append(tool_message(call, state.error.to_payload()))
+            episode.keep_message(tool_message(call, state.error.to_payload()))
             episode.append_text(dump(state.error.to_payload()) + after)
             continue
         for attempt in range(cfg.returns_resamples + 1):
@@ -57,20 +58,21 @@ def tool_turn(episode: Episode, states: list[CallState], action: str, info: dict
         if error is not None and error.details.get("ends_turn") and episode.on_invalid == "feedback":
             # Never let a token that opens or ends a turn into a chat that goes on: the error replaces the
             # response (with "terminate" the episode ends here and the row keeps what was generated).
-            episode.messages.append(tool_message(call, error.to_payload()))
+            episode.keep_message(tool_message(call, error.to_payload()))
             episode.append_text(dump(error.to_payload()))
             rest = after
         else:
             ids = list(gen.completion_ids)
             episode.append_ids(ids, chat.display(ids), list(gen.logprobs), trained=True)
-            episode.messages.append(tool_message(call, content.strip()))
+            episode.keep_message(tool_message(call, content.strip()))
         if error is None:
             state.response = result.result
         else:
             state.error = error
         episode.append_text(rest)
         if error is not None and episode.on_invalid == "terminate":
-            return  # the episode ends here; nothing more is generated
+            return []  # the episode ends here; nothing more is generated
+    return []
 
 
 def read(chat: ChatFormat, gen: Generation, closing: str, after: str) -> tuple[str, str, ToolError | None]:

@@ -2,10 +2,11 @@
 candidate tools, the task's reference executions as privileged context, the conversation, the raw Act turn), and
 each rehearsal is a training row of its own. The episode's tool turn then carries the results as tool messages.
 
-A rehearsal mode is a module with a ``tool_turn(episode, states, action, info)`` generator, registered in
-:data:`envace_gym.episode.episode.REHEARSAL_MODES`; it answers the calls ``states`` routed to ``"rehearsal"``
-(yielding its generation requests, as :class:`~envace_gym.episode.episode.Episode` steps do) and grows the chat
-by the tool turn.
+A rehearsal mode is a module with a ``tool_turn(episode, states, action, info)`` generator, named in
+:data:`envace_gym.episode.config.REHEARSAL_MODES` and registered in :data:`envace_gym.episode.episode.TOOL_TURNS`; it
+answers the calls ``states`` routed to ``"rehearsal"`` (yielding its generation requests, as
+:class:`~envace_gym.episode.episode.Episode` steps do), grows the chat by the tool turn through the episode's own
+methods (``add_messages``, ``append_text``, ...) and returns the training rows it made, which the episode keeps.
 """
 
 from __future__ import annotations
@@ -25,22 +26,22 @@ from .types import CallState, GenerationRequest, Role, Row
 if TYPE_CHECKING:
     from .episode import Episode
 
-Rehearsals = Generator[list[GenerationRequest], list[Generation], None]
+Rehearsals = Generator[list[GenerationRequest], list[Generation], list[Row]]  # returns the rows it made
 
 
 def tool_turn(episode: Episode, states: list[CallState], action: str, info: dict[str, Any]) -> Rehearsals:
     """Rehearse the turn's calls routed to the Rehearse role, then append every call's tool message."""
     pending = [s for s in states if s.route == "rehearsal"]
-    if pending:
-        yield from rehearse(episode, pending, action, info)
+    rows = (yield from rehearse(episode, pending, action, info)) if pending else []
     episode.add_messages([tool_message(s.call, payload(s)) for s in states], [s.call for s in states])
+    return rows
 
 
 def rehearse(
     episode: Episode, states: list[CallState], action: str, info: dict[str, Any], user: bool = False
 ) -> Rehearsals:
     """Rehearse the calls of ``states`` (``user``: the user's own) in one batch of fresh prompts; resample results
-    that fail a ``returns`` schema (each attempt is a row)."""
+    that fail a ``returns`` schema. Returns the rows, one per attempt."""
     cfg = episode.config.rehearsal
     registry = episode.user_registry if user else episode.registry
     prompts = {s.call.id: rehearse_prompt(episode, s.call, action, user) for s in states}
@@ -52,6 +53,7 @@ def rehearse(
         else:
             state.error = overflow(len(prompts[state.call.id]), budget)
     params = cfg.sampling()
+    rows: list[Row] = []
     for attempt in range(cfg.returns_resamples + 1):
         if not todo:
             break
@@ -64,7 +66,7 @@ def rehearse(
                 read = parse_execution_result(text, episode.config.limits)
                 error = read.error or registry[call.name].validate_result(read.result)  # type: ignore[index]
             record_rehearsal(info, call, attempt, gen, error)
-            episode.rows.append(
+            rows.append(
                 Row(Role.REHEARSE, gen.prompt_ids, gen.completion_ids, gen.logprobs, (1,) * len(gen.completion_ids))
             )
             if error is None:
@@ -74,6 +76,7 @@ def rehearse(
                 if error.code is ErrorCode.RESULT_SCHEMA_MISMATCH:
                     retry.append(state)
         todo = retry
+    return rows
 
 
 def rehearse_prompt(episode: Episode, call: ToolCall, action: str, user: bool = False) -> tuple[int, ...]:

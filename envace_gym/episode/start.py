@@ -63,8 +63,8 @@ def start_episodes(
         key: The key of the ``i``-th episode started (its conversation's name in a KV session).
         act_reserve: Tokens kept free in ``max_context`` for the Act turn (default: ``config.act_sampling``'s
             budget; 0 for text turns).
-        user, user_rng: A simulated user that writes the first message (τ²-Bench's) writes every episode's
-            opening, in one batch, sampled from ``user_rng``.
+        user, user_rng: A simulated user that writes the first message (of tasks that carry a scenario) writes
+            every episode's opening, in one batch, sampled from ``user_rng``.
         unfit: A task whose opening prompt does not fit ``max_context`` (with the reserve) or
             ``max_observation_chars``: ``"skip"`` it with a warning (its id in ``skipped``) or ``"raise"`` its
             :class:`~envace_gym.errors.TaskTooLongError`.

@@ -5,7 +5,8 @@ only grow (the next Act prompt): ``prompt_ids`` is the opening prompt, then ``id
 log-probability and the training mask of each (1 where the policy wrote the token). ``rows`` are the training rows of
 ``separate`` mode (and a rehearsed user's), ``records`` one per tool call, ``answers`` the agent's final answers, ``said``
 everything it wrote outside its calls (its answers and the prose of its call turns). The counters say where the
-episode is: Act turns, user turns, messages as τ²-Bench counts its steps, tool errors.
+episode is: Act turns, user turns, messages (each user message, agent message and batch of tool responses is one),
+tool errors.
 
 During a turn every list only grows and every other field is replaced, never changed in place, so
 :meth:`Transcript.mark` (each list's length, each other field's value) and :meth:`Transcript.rollback` follow from
@@ -47,7 +48,7 @@ class Transcript:
     turn_open: bool = False  # the last Act turn was cut before its end token
     turn: int = 0  # Act turns so far
     user_turns: int = 1  # user turns so far: the opening one
-    steps: int = 1  # messages so far, as τ²-Bench counts its steps (max_messages): the user's first one
+    steps: int = 1  # messages so far (max_messages bounds them): the user's first one
     errors: int = 0  # tool errors so far (max_errors)
 
     def __post_init__(self) -> None:

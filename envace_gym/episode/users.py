@@ -1,30 +1,26 @@
-"""Simulated users: an LLM plays the user of a multi-turn task, as τ²-Bench scores agents.
+"""Simulated users: an LLM plays the user of a multi-turn task, as benchmarks of conversational agents score them.
 
 A scripted user replays the task's later user turns whatever the agent says. A :class:`UserSimulator` instead
 holds the task's scenario privately and answers each of the agent's text turns, seeing the conversation from
 its own side: its own messages as the assistant's, the agent's answers as the user's (their content only: no
-reasoning, no tool call, no malformed call's text, no tool result and no error), as τ² shows its user. It ends
-the conversation with one of :data:`STOP_MARKERS` (τ²'s protocol): ``###STOP###`` when the request is done or
-cannot be done, ``###TRANSFER###`` when it was handed to a human, ``###OUT-OF-SCOPE###`` when
-the scenario does not say what to answer. Where the task carries a scenario of its own (τ²-Bench's), the user
-also writes the conversation's first message, after the agent's greeting (:data:`OPENING`), as τ² does.
+reasoning, no tool call, no malformed call's text, no tool result and no error). It ends the conversation with one
+of its protocol's stop markers (:data:`~envace_gym.domains.user_protocol.STOP_MARKERS`): ``###STOP###`` when the
+request is done or cannot be done, ``###TRANSFER###`` when it was handed to a human, ``###OUT-OF-SCOPE###`` when
+the scenario does not say what to answer. Where the task carries a scenario of its own
+(``task.expected["user_scenario"]``), the user also writes the conversation's first message, after the agent's
+greeting (:data:`~envace_gym.domains.user_protocol.OPENING`).
 
-Where the domain gives the user tools of its own (``Domain.user_tools_for``: τ²-Bench's telecom user holds the
-phone), the user is offered them: a reply may be tool calls instead of a message (:attr:`UserReply.calls`). The
-episode runs them on the user's side of the world (validated like the agent's, answered by the real executor or
-rehearsed by the policy) and asks the user again, with the results, until it writes to the agent; the agent never
-sees the user's calls nor their results, as in τ².
+Where the domain gives the user tools of its own (``Domain.user_tools_for``: a user who holds a phone), the user is
+offered them: a reply may be tool calls instead of a message (:attr:`UserReply.calls`). The episode runs them on
+the user's side of the world (validated like the agent's, answered by the real executor or rehearsed by the policy)
+and asks the user again, with the results, until it writes to the agent; the agent never sees the user's calls nor
+their results.
 
-Two protocols (:data:`PROTOCOLS`), named by ``UserSimulator(protocol=...)``; a domain names its own default
-(``Domain.user_protocol``):
-
-* ``"tau2"`` (τ²-Bench's domains): τ²'s own user, word for word. The system prompt is τ²'s simulation guidelines
-  (its variant for users with tools where the user has some), read from the installed τ² package at run time, with
-  the scenario in ``<scenario>`` tags; the user replies greedily
-  (temperature 0) with no budget of its own (what its model's context leaves); the greeting opens the agent's
-  history too; the episode runs under τ²'s bounds and scoring (:mod:`envace_gym.episode.episode`).
-* ``"envace"``: this project's looser protocol for its own domains: a short instruction (:data:`INSTRUCTIONS`),
-  sampled replies (:data:`USER_SAMPLING`), the agent's Act-turn bound.
+The rules a user plays by are its protocol's (:class:`~envace_gym.domains.user_protocol.UserProtocol`, named by
+``UserSimulator(protocol=...)``; a domain names its own default, ``Domain.user_protocol``): its system prompt, its
+sampling, and the episode's bounds and scoring. This project's own protocol is the base class's (a short
+instruction; sampled replies; the agent's Act-turn bound); a benchmark
+with a user of its own defines its protocol in its folder under ``envs/``.
 
 The user is a participant, like the policy: an episode asks for its turn with a :class:`UserRequest`, the
 :class:`~envace_gym.episode.driver.EpisodeDriver` gathers the requests of a round and asks each simulator once
@@ -37,17 +33,15 @@ policy rehearses its users: each of their generations is also a training row of 
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..domains.task import Task
+from ..domains.user_protocol import ENVACE_PROTOCOL, NO_BUDGET, OPENING, UserProtocol
 from ..endpoint import ChatBackend, ChatEndpoint
 from ..errors import DomainError
 from ..parsing.formats import tool_call_format
@@ -56,52 +50,15 @@ from ..text import clean_text, strict_loads
 from ..tools.schema import ToolCall
 from .chat import ChatFormat
 
-STOP_MARKERS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
-OPENING = "Hi! How can I help you today?"  # the agent's greeting the user's view opens with, as in τ²-Bench
-INSTRUCTIONS = """You are playing a user who talks to a customer-service assistant. Stay in character: you are the \
-user, not the assistant. Write one short message per turn, as a person would, and reveal what you know only when \
-the assistant asks for it. Never invent facts the scenario does not give.
-
-When your request has been done, or the assistant says it cannot be done, reply with only ###STOP###. If you are \
-transferred to a human agent, reply with only ###TRANSFER###. If the assistant asks something the scenario does \
-not answer, reply with only ###OUT-OF-SCOPE###.
-
-Your scenario:
-{scenario}"""
 USERS = ("scripted", "llm", "rehearse")  # the named settings of ``user=``; a URL is an endpoint
-PROTOCOLS = ("envace", "tau2")
-# inside the τ² package: its user's guidelines, and their variant for a user with tools of its own
-TAU2_GUIDELINES = "data/tau2/user_simulator/simulation_guidelines.md"
-TAU2_GUIDELINES_TOOLS = "data/tau2/user_simulator/simulation_guidelines_tools.md"
-NO_BUDGET = 0  # a user's max_new_tokens that means "no budget of its own": what its model's context leaves
 # Seconds a user endpoint may take per reply: a round's replies queue on a local server that answers one at a time
-# (`transformers serve`), and τ²'s user has no reply budget; at the endpoint's default (60 s) they timed out.
+# (`transformers serve`), and a user with no reply budget may write long; at the endpoint's default (60 s) they
+# timed out.
 USER_ENDPOINT_TIMEOUT = 600.0
-USER_SAMPLING = SamplingParams(max_new_tokens=128, temperature=0.7)  # a simulated user's turns under "envace"
-TAU2_USER_SAMPLING = SamplingParams(max_new_tokens=NO_BUDGET, temperature=0.0)  # τ²'s: greedy, no reply budget
-
-
-@functools.cache
-def tau2_instructions(tools: bool = False) -> str:
-    """τ²-Bench's user system prompt with ``{scenario}`` where the scenario goes: its simulation guidelines file
-    (``tools``: the variant for a user with tools of its own), read from the installed τ² package (never copied
-    here), then the scenario in ``<scenario>`` tags, laid out as τ²'s ``UserSimulator.system_prompt`` lays it out."""
-    spec = importlib.util.find_spec("tau2")
-    if spec is None or not spec.submodule_search_locations:
-        raise DomainError("the τ² protocol reads τ²-Bench's user guidelines from its package: run `make benchmarks`")
-    path = Path(next(iter(spec.submodule_search_locations))) / (TAU2_GUIDELINES_TOOLS if tools else TAU2_GUIDELINES)
-    try:
-        guidelines = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DomainError(
-            f"τ²-Bench's user guidelines cannot be read ({exc}); reinstall it: `make benchmarks`"
-        ) from exc
-    # τ²'s layout: f"{guidelines}\n\n<scenario>\n{scenario}\n</scenario>".strip()
-    return f"{guidelines.lstrip()}\n\n<scenario>\n{{scenario}}\n</scenario>"
 
 
 def own_scenario(task: Task) -> str | None:
-    """The scenario the task carries for a simulated user (``task.expected["user_scenario"]``, τ²-Bench's), if any."""
+    """The scenario the task carries for a simulated user (``task.expected["user_scenario"]``), if any."""
     given = task.expected.get("user_scenario") if isinstance(task.expected, Mapping) else None
     return given if isinstance(given, str) and given.strip() else None
 
@@ -148,7 +105,7 @@ class UserRequest:
 
 @dataclass(eq=False)
 class UserSimulator:
-    """An LLM user (τ²-Bench's protocol) for ``RehearsalEnv(user=...)`` and ``collect_rollouts(user=...)``.
+    """An LLM user for ``RehearsalEnv(user=...)`` and ``collect_rollouts(user=...)``, playing by its protocol's rules.
 
     Args:
         model: Writes the user's turns: a :class:`~envace_gym.policy.Policy` (its own tokenizer and chat
@@ -157,12 +114,12 @@ class UserSimulator:
             an unusable reply).
         sampling: How a policy samples the user's turns (its ``max_new_tokens`` bounds a turn: a reply cut there
             is refused; :data:`NO_BUDGET`: no bound but its model's context). ``None``: the protocol's
-            (:data:`USER_SAMPLING`, :data:`TAU2_USER_SAMPLING`).
+            (``UserProtocol.sampling``).
         instructions: The system prompt; ``{scenario}`` is replaced by :func:`task_scenario`'s text. ``None``: the
-            protocol's (:data:`INSTRUCTIONS`; τ²'s guidelines, :func:`tau2_instructions`).
+            protocol's (``UserProtocol.instructions``).
         trained: The policy rehearses its users: each user generation is a training row of role ``"user"``
             (``user="rehearse"``; ``model`` must be the policy being trained).
-        protocol: ``"envace"`` or ``"tau2"`` (see the module's docstring): the user's defaults here, and the rules
+        protocol: A :class:`~envace_gym.domains.user_protocol.UserProtocol`: the user's defaults here, and the rules
             of the episodes it plays. ``None``: the domain's (``Domain.user_protocol``), once it plays one.
     """
 
@@ -170,11 +127,11 @@ class UserSimulator:
     sampling: SamplingParams | None = None
     instructions: str | None = None
     trained: bool = False
-    protocol: str | None = None
+    protocol: UserProtocol | None = None
 
     def __post_init__(self) -> None:
-        if self.protocol is not None and self.protocol not in PROTOCOLS:
-            raise ValueError(f"a user's protocol is one of {PROTOCOLS} or None (the domain's), got {self.protocol!r}")
+        if self.protocol is not None and not isinstance(self.protocol, UserProtocol):
+            raise TypeError(f"a user's protocol is a UserProtocol or None (the domain's), got {self.protocol!r}")
         if self.instructions is not None and "{scenario}" not in self.instructions:
             raise ValueError("UserSimulator.instructions must hold '{scenario}', where the task's scenario goes")
         if self.sampling is not None and self.sampling.max_new_tokens < 0:
@@ -184,7 +141,7 @@ class UserSimulator:
         if self.trained and not isinstance(self.model, Policy):
             raise ValueError("a trained user (user='rehearse') is played by the policy itself, not an endpoint")
 
-    def for_protocol(self, protocol: str) -> UserSimulator:
+    def for_protocol(self, protocol: UserProtocol) -> UserSimulator:
         """This user, playing under ``protocol`` where it names none itself."""
         return self if self.protocol is not None else replace(self, protocol=protocol)
 
@@ -193,14 +150,14 @@ class UserSimulator:
         """How its turns are sampled: its own ``sampling``, else its protocol's."""
         if self.sampling is not None:
             return self.sampling
-        return TAU2_USER_SAMPLING if self.protocol == "tau2" else USER_SAMPLING
+        return (self.protocol or ENVACE_PROTOCOL).sampling
 
     def system_template(self, tools: bool = False) -> str:
         """Its system prompt with ``{scenario}`` to fill: its own ``instructions``, else its protocol's (for a user
-        with ``tools`` of its own, τ²'s guidelines for such users)."""
+        with ``tools`` of its own, the protocol's prompt for such users)."""
         if self.instructions is not None:
             return self.instructions
-        return tau2_instructions(tools) if self.protocol == "tau2" else INSTRUCTIONS
+        return (self.protocol or ENVACE_PROTOCOL).instructions(tools)
 
     @property
     def in_process(self) -> bool:
@@ -208,7 +165,7 @@ class UserSimulator:
 
     def writes_opening(self, task: Task) -> bool:
         """Whether this user writes the conversation's first message: where the task carries a scenario of its own
-        (τ²-Bench's); otherwise the task's prompt is the user's opening message, already written."""
+        (:func:`own_scenario`); otherwise the task's prompt is the user's opening message, already written."""
         return own_scenario(task) is not None
 
     def messages(
@@ -354,7 +311,7 @@ class UserSimulator:
             return UserReply(error="the user's endpoint gave no reply (a timeout, a transport error, a malformed "
                                    "answer or one cut at max_tokens; see the log)")  # fmt: skip
         text = clean_text(text).strip()
-        for marker in STOP_MARKERS:
+        for marker in (self.protocol or ENVACE_PROTOCOL).stop_markers:
             if marker in text:
                 return UserReply(stop=marker)
         if not text:
@@ -400,7 +357,7 @@ def make_user(
     user_model: str | None = None,
     act: SamplingParams | None = None,
     *,
-    protocol: str = "envace",
+    protocol: UserProtocol = ENVACE_PROTOCOL,
     temperature: float | None = None,
     max_tokens: int | None = None,
 ) -> UserSimulator | None:
@@ -425,7 +382,7 @@ def make_user(
                 f"{act.top_k}): the trainer recomputes its rows' log-probs under those; its sampling is {user.reply_sampling}"
             )
         return user
-    sampling = TAU2_USER_SAMPLING if protocol == "tau2" else USER_SAMPLING
+    sampling = protocol.sampling
     if user == "rehearse" and act is not None:
         sampling = replace(sampling, temperature=act.temperature, top_p=act.top_p, top_k=act.top_k)
     if temperature is not None:
@@ -455,13 +412,7 @@ def _samples_as(sampling: SamplingParams, act: SamplingParams) -> bool:
 
 
 __all__ = [
-    "OPENING",
-    "STOP_MARKERS",
-    "NO_BUDGET",
-    "PROTOCOLS",
-    "TAU2_USER_SAMPLING",
     "USERS",
-    "USER_SAMPLING",
     "UserReply",
     "UserRequest",
     "UserSimulator",
@@ -469,5 +420,4 @@ __all__ = [
     "make_user",
     "own_scenario",
     "task_scenario",
-    "tau2_instructions",
 ]

@@ -37,7 +37,6 @@ import numpy as np
 
 from ..episode.driver import EpisodeDriver
 from ..episode.episode import Episode
-from ..episode.fork import fork, prompt_with_note
 from ..policy.protocol import Generation, Policy, SamplingParams
 from ..rehearsal.prompt import RehearsalConfig
 from ..text import shorten
@@ -150,7 +149,7 @@ class RehearsalPlanner:
             for i, gen in zip(plain, gens, strict=True):
                 kept[i] = gen
             return kept  # type: ignore[return-value]  # every slot is filled now
-        prompts = [prompt_with_note(e, m)[0] for e, m in zip(episodes, self.last_memories, strict=True)]
+        prompts = [e.prompt_with_note(m)[0] for e, m in zip(episodes, self.last_memories, strict=True)]
         # The memory changes the prompt's middle, so these prompts continue no cached conversation; the session
         # still encodes the part they share with the forks (system prompt, tools, the conversation so far) once.
         return driver.generate(prompts, self.act_sampling)
@@ -167,7 +166,7 @@ class RehearsalPlanner:
                 max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature, include_reference=False
             ),
         )
-        return fork(episode, config, np.random.default_rng(int(rng.integers(2**31))), note=memory or None)
+        return episode.fork(config, np.random.default_rng(int(rng.integers(2**31))), note=memory or None)
 
     def _imagine(self, forks: list[Episode], driver: EpisodeDriver) -> list[Generation]:
         """Play the forks to their end; returns each fork's first Act turn."""

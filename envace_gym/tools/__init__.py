@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .canonical import call_key, canonical, canonical_json
 from .executor import ReferenceCache, ToolExecutor, ToolFailure, replay, tool
-from .schema import ToolCall, ToolRegistry, ToolSchema, ValidationResult, call_from_json, normalize_bfcl_schema
+from .schema import ToolCall, ToolRegistry, ToolSchema, ValidationResult, call_from_json
 
 __all__ = [
     "ReferenceCache",
@@ -22,7 +22,6 @@ __all__ = [
     "call_key",
     "canonical",
     "canonical_json",
-    "normalize_bfcl_schema",
     "replay",
     "tool",
 ]

@@ -7,7 +7,7 @@ creation, never through ``getattr`` on model text, and never by evaluating anyth
 
 A tool signals a domain-level failure ("insufficient funds") by raising :class:`ToolFailure`: the agent
 then sees ``{"error": "..."}`` as the tool's response, a normal observation, and the executor counts it in
-``failures`` (an episode's tool errors, which τ²-Bench's ``max_errors`` bounds). Any other exception is a
+``failures`` (an episode's tool errors, which ``max_errors`` bounds). Any other exception is a
 bug in the executor and becomes an ``EXECUTION_ERROR``.
 """
 

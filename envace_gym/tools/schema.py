@@ -2,7 +2,8 @@
 
 A :class:`ToolSchema` is a name, a description, a JSON Schema for the arguments and an optional JSON
 Schema for the result. It can be built from a typed Python function (through
-``transformers.utils.get_json_schema``), an OpenAI tool dict, an MCP tool dict or a BFCL function doc.
+``transformers.utils.get_json_schema``), an OpenAI tool dict or an MCP tool dict (a benchmark's own
+doc format is read by its domain, under ``envs/``).
 Schemas are checked against their metaschema once, and each compiles its validator once.
 
 A :class:`ToolRegistry` holds the schemas of a domain, answers ``validate(call, whitelist)`` with a
@@ -30,38 +31,6 @@ from .patterns import LOCAL_REFERENCES, PatternError, check_patterns, linear_tim
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 _DEFAULT_VALIDATOR = jsonschema.Draft202012Validator
-
-# BFCL writes Python type names where JSON Schema expects its own (see its function docs).
-_BFCL_TYPES = {
-    "dict": "object",
-    "float": "number",
-    "tuple": "array",
-    "list": "array",
-    "int": "integer",
-    "str": "string",
-    "bool": "boolean",
-    "String": "string",
-    "Boolean": "boolean",
-    "Array": "array",
-    "ArrayList": "array",
-    "HashMap": "object",
-    "long": "integer",
-    "double": "number",
-    "char": "string",
-}
-# Keywords BFCL's checker does not enforce; kept out so that validation is never stricter than the benchmark.
-_BFCL_DROPPED = {
-    "optional",
-    "format",
-    "minimum",
-    "maximum",
-    "minItems",
-    "maxItems",
-    "minLength",
-    "maxLength",
-    "pattern",
-}
-
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -327,33 +296,8 @@ class ToolSchema:
         )
 
     @classmethod
-    def from_bfcl(cls, spec: Mapping[str, Any], language: str = "python") -> ToolSchema:
-        """From a BFCL function doc, normalising its Python-style types (``dict``, ``float``, ``tuple``, ``any``).
-
-        For ``language="java"`` or ``"javascript"`` every parameter is a string, as BFCL itself presents them
-        (values are written in that language's syntax).
-        """
-        if not isinstance(spec, Mapping) or "name" not in spec:
-            raise SchemaError("a BFCL function doc needs 'name'")
-        params = normalize_bfcl_schema(spec.get("parameters") or {"type": "object", "properties": {}})
-        if language != "python":
-            hint = f" (a {language.capitalize()} value, written as a string)"
-            props = {
-                k: {"type": "string", "description": str(v.get("description", "")) + hint}
-                for k, v in params.get("properties", {}).items()
-            }
-            params = {**params, "properties": props}
-        returns = spec.get("response")
-        return cls(
-            name=spec["name"],
-            description=spec.get("description", "") or "",
-            parameters=params,
-            returns=normalize_bfcl_schema(returns) if isinstance(returns, Mapping) else None,
-        )
-
-    @classmethod
     def coerce(cls, obj: Any) -> ToolSchema:
-        """Accept any supported form: a ToolSchema, a function, an OpenAI, MCP or BFCL dict."""
+        """Accept any supported form: a ToolSchema, a function, an OpenAI or MCP dict."""
         if isinstance(obj, ToolSchema):
             return obj
         if callable(obj):
@@ -363,9 +307,6 @@ class ToolSchema:
                 return cls.from_mcp(obj)
             if obj.get("type") == "function" or "function" in obj:
                 return cls.from_openai(obj)
-            params = obj.get("parameters")
-            if isinstance(params, Mapping) and _mentions_bfcl_types(params):
-                return cls.from_bfcl(obj)
             return cls.from_openai(obj)
         raise SchemaError(f"cannot make a tool schema from {type(obj).__name__}")
 
@@ -412,56 +353,6 @@ def _without_titles(schema: Any) -> Any:
             out[key] = _without_titles(value)
         else:
             out[key] = value
-    return out
-
-
-def _mentions_bfcl_types(schema: Any) -> bool:
-    if isinstance(schema, Mapping):
-        t = schema.get("type")
-        if isinstance(t, str) and (t in _BFCL_TYPES or t == "any"):
-            return True
-        return any(_mentions_bfcl_types(v) for v in schema.values())
-    if isinstance(schema, list):
-        return any(_mentions_bfcl_types(v) for v in schema)
-    return False
-
-
-def normalize_bfcl_schema(schema: Any) -> Any:
-    """Rewrite a BFCL parameter schema into standard JSON Schema.
-
-    ``dict``→``object``, ``float``→``number``, ``tuple``/``list``→``array``, ``any`` drops the type
-    constraint; nested ``properties``, ``items`` and ``additionalProperties`` are rewritten too. BFCL's
-    ``optional`` flags and ``required`` lists naming absent properties are reconciled.
-    """
-    if isinstance(schema, list):
-        return [normalize_bfcl_schema(s) for s in schema]
-    if not isinstance(schema, Mapping):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "type":
-            if isinstance(value, list):
-                mapped = [_BFCL_TYPES.get(v, v) for v in value if v != "any"]
-                if mapped and "any" not in value:
-                    out["type"] = mapped
-            elif value in ("any", ""):
-                continue
-            else:
-                out["type"] = _BFCL_TYPES.get(value, value)
-        elif key == "properties" and isinstance(value, Mapping):
-            out["properties"] = {k: normalize_bfcl_schema(v) for k, v in value.items()}
-        elif key == "items" and isinstance(value, list):  # the old tuple form of `items`
-            out["prefixItems"] = normalize_bfcl_schema(value)
-        elif key in ("items", "additionalProperties", "not", "contains") and isinstance(value, (Mapping, list)):
-            out[key] = normalize_bfcl_schema(value)
-        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
-            out[key] = [normalize_bfcl_schema(v) for v in value]
-        elif key in _BFCL_DROPPED:
-            continue  # `optional` is BFCL's own flag (optionality is what `required` says); the rest it ignores
-        else:
-            out[key] = value
-    if "required" in out and isinstance(out.get("properties"), Mapping):
-        out["required"] = [r for r in out["required"] if r in out["properties"]]
     return out
 
 

@@ -20,10 +20,10 @@ from envace_gym.domains import (
     stable_hash,
 )
 from envace_gym.errors import DomainError
-from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry, ToolSchema
+from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry
 
 from .checker import check_calls
-from .schemas import call_examples, lenient, possible_answer_examples
+from .schemas import call_examples, from_bfcl, lenient, possible_answer_examples
 
 INSTALL_HINT = "run `make benchmarks` (pip install --no-deps bfcl-eval==2026.3.23, plus mpmath)"
 SINGLE_TURN = (
@@ -264,7 +264,7 @@ class BFCLDomain(Domain):
             docs = {d["name"]: d for d in entry["function"]}  # a few entries repeat a doc
             examples = self._gold_examples if self.multi_turn else possible_answer_examples(answer)
             cache[task.id] = ToolRegistry(
-                lenient(ToolSchema.from_bfcl(d), examples.get(name, {}), alternatives=not self.multi_turn)
+                lenient(from_bfcl(d), examples.get(name, {}), alternatives=not self.multi_turn)
                 for name, d in docs.items()
             )
         return cache[task.id]

@@ -1,5 +1,9 @@
 """BFCL function docs as schemas no stricter than BFCL: what BFCL's checker accepts, validation accepts.
 
+A doc is first read as JSON Schema (:func:`from_bfcl`, :func:`normalize_bfcl_schema`): BFCL writes Python type
+names (``dict``, ``float``, ``tuple``, ``any``) where JSON Schema has its own, and keywords its checker ignores are
+dropped. Then it is relaxed (:func:`lenient`).
+
 BFCL's docs say more than BFCL checks. Its AST checker never looks at ``enum``, checks the doc's ``required``
 list and nothing nested, and accepts a value of the *possible answer's own type* where the doc names another
 (bools or ints for a string parameter, ``None``, a string for an array); its multi-turn harness runs calls on
@@ -20,12 +24,108 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from envace_gym.errors import SchemaError
 from envace_gym.tools import ToolCall, ToolSchema
+
+# BFCL writes Python type names where JSON Schema expects its own (see its function docs).
+_BFCL_TYPES = {
+    "dict": "object",
+    "float": "number",
+    "tuple": "array",
+    "list": "array",
+    "int": "integer",
+    "str": "string",
+    "bool": "boolean",
+    "String": "string",
+    "Boolean": "boolean",
+    "Array": "array",
+    "ArrayList": "array",
+    "HashMap": "object",
+    "long": "integer",
+    "double": "number",
+    "char": "string",
+}
+# Keywords BFCL's checker does not enforce; kept out so that validation is never stricter than the benchmark.
+_BFCL_DROPPED = {
+    "optional",
+    "format",
+    "minimum",
+    "maximum",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+}
 
 _JSON_TYPES = (
     (bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
     (list, "array"), (tuple, "array"), (dict, "object"), (type(None), "null"),
 )  # fmt: skip
+
+
+def from_bfcl(spec: Mapping[str, Any], language: str = "python") -> ToolSchema:
+    """From a BFCL function doc, normalising its Python-style types (``dict``, ``float``, ``tuple``, ``any``).
+
+    For ``language="java"`` or ``"javascript"`` every parameter is a string, as BFCL itself presents them
+    (values are written in that language's syntax).
+    """
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        raise SchemaError("a BFCL function doc needs 'name'")
+    params = normalize_bfcl_schema(spec.get("parameters") or {"type": "object", "properties": {}})
+    if language != "python":
+        hint = f" (a {language.capitalize()} value, written as a string)"
+        props = {
+            k: {"type": "string", "description": str(v.get("description", "")) + hint}
+            for k, v in params.get("properties", {}).items()
+        }
+        params = {**params, "properties": props}
+    returns = spec.get("response")
+    return ToolSchema(
+        name=spec["name"],
+        description=spec.get("description", "") or "",
+        parameters=params,
+        returns=normalize_bfcl_schema(returns) if isinstance(returns, Mapping) else None,
+    )
+
+
+def normalize_bfcl_schema(schema: Any) -> Any:
+    """Rewrite a BFCL parameter schema into standard JSON Schema.
+
+    ``dict``→``object``, ``float``→``number``, ``tuple``/``list``→``array``, ``any`` drops the type
+    constraint; nested ``properties``, ``items`` and ``additionalProperties`` are rewritten too. BFCL's
+    ``optional`` flags and ``required`` lists naming absent properties are reconciled.
+    """
+    if isinstance(schema, list):
+        return [normalize_bfcl_schema(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "type":
+            if isinstance(value, list):
+                mapped = [_BFCL_TYPES.get(v, v) for v in value if v != "any"]
+                if mapped and "any" not in value:
+                    out["type"] = mapped
+            elif value in ("any", ""):
+                continue
+            else:
+                out["type"] = _BFCL_TYPES.get(value, value)
+        elif key == "properties" and isinstance(value, Mapping):
+            out["properties"] = {k: normalize_bfcl_schema(v) for k, v in value.items()}
+        elif key == "items" and isinstance(value, list):  # the old tuple form of `items`
+            out["prefixItems"] = normalize_bfcl_schema(value)
+        elif key in ("items", "additionalProperties", "not", "contains") and isinstance(value, (Mapping, list)):
+            out[key] = normalize_bfcl_schema(value)
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
+            out[key] = [normalize_bfcl_schema(v) for v in value]
+        elif key in _BFCL_DROPPED:
+            continue  # `optional` is BFCL's own flag (optionality is what `required` says); the rest it ignores
+        else:
+            out[key] = value
+    if "required" in out and isinstance(out.get("properties"), Mapping):
+        out["required"] = [r for r in out["required"] if r in out["properties"]]
+    return out
 
 
 def json_type(value: Any) -> str:

