@@ -196,8 +196,8 @@ def test_the_quick_run_trains_both_roles_on_a_domain_of_our_own(quick_run):
     """After the warm start the first GRPO steps log rows of both roles and a reward spread, and no
     NoLearningWarning (the same command without ``--warm_start`` warns: the test above)."""
     out, printed, warned = quick_run
-    assert "warm start: 200 SFT steps (batches of 8 rows, lr 0.001)" in printed  # the from-scratch defaults
-    assert "warm start step 200: loss" in printed and "warm start done in" in printed
+    assert "warm start: 500 SFT steps (batches of 8 rows, lr 0.001)" in printed  # the from-scratch defaults
+    assert "warm start step 500: loss" in printed and "warm start done in" in printed
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [entry for entry in logged if "reward" in entry]
     assert len(steps) == 2

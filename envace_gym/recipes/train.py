@@ -129,7 +129,7 @@ class TrainConfig(EpisodeSettings):
         },
     )
     warm_start_steps: int | None = field(
-        default=None, metadata={"help": "Warm start: SFT steps (default: 20 for a pretrained model, 200 for tiny)."}
+        default=None, metadata={"help": "Warm start: SFT steps (default: 20 for a pretrained model, 500 for tiny)."}
     )
     warm_start_learning_rate: float | None = field(
         default=None,

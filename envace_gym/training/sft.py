@@ -243,7 +243,7 @@ class WarmStartSettings:
 # that the first GRPO steps write valid calls and rehearsals, so groups get a reward spread. Measured there.
 PRETRAINED_WARM_START = WarmStartSettings(steps=20, learning_rate=2e-4, batch_size=4)
 # A from-scratch model (``tiny_start_model``) has everything to learn: the learning check's SFT (recipes/learning)
-FROM_SCRATCH_WARM_START = WarmStartSettings(steps=200, learning_rate=1e-3, batch_size=8)
+FROM_SCRATCH_WARM_START = WarmStartSettings(steps=500, learning_rate=1e-3, batch_size=8)
 
 
 def warm_start(
