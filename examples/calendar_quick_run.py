@@ -8,6 +8,9 @@ path or hub id instead (``default``: the embedded SmolLM2-135M), warm-started wi
 The folder layout is ``envace train``'s (``initial_model/``, ``warm_start/``), so either reuses the other's
 warm start in the same ``--output_dir``.
 
+``--trainer rollout_func`` plays ``separate`` rehearsal (what the warm start teaches): the policy rehearses every
+call, and the episode's one row trains its Act tokens (``EnvACEGRPOTrainer`` trains the rehearsals as rows too).
+
 Run:  python examples/calendar_quick_run.py                      # EnvACEGRPOTrainer, the tiny model
       python examples/calendar_quick_run.py --trainer rollout_func --steps 2
 """
@@ -70,12 +73,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
         trainer = GRPOTrainer(
             model=str(start), reward_funcs=[envace_reward], args=GRPOConfig(**common), processing_class=tokenizer,
-            train_dataset=task_dataset(make_domain(domain)), rollout_func=make_rollout_func(domain),
+            train_dataset=task_dataset(make_domain(domain)),
+            # separate, as the warm start taught (inline rehearsals, written in the chat's tool turn, it never saw):
+            # the policy rehearses every call; the episode's row trains its Act tokens
+            rollout_func=make_rollout_func(domain, rehearsal_mode="separate"),
         )  # fmt: skip
     trainer.train()
     steps = [entry for entry in trainer.state.log_history if "reward" in entry]
     for entry in steps:  # what to look for: rows of both roles, and a reward spread (frac_reward_zero_std < 1)
-        print({k: entry.get(k) for k in ("step", "reward", "frac_reward_zero_std", "rows/act", "rows/rehearse")})
+        print({k: entry[k] for k in ("step", "reward", "frac_reward_zero_std", "rows/act", "rows/rehearse") if k in entry})
     return steps
 
 
