@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from envace_gym.cli import build_parser
-from envace_gym.cli.main import _parse_settings
+from envace_gym.cli.main import COMMANDS, parse_command
 from envace_gym.policy import default_model as models
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,13 +105,10 @@ def commands(block: Block) -> list[list[str]]:
 
 
 def check_envace(argv: list[str]) -> None:
-    if argv[0] in ("train", "experiment"):
-        from envace_gym.recipes.experiment import ExperimentConfig
-        from envace_gym.recipes.train import TrainConfig
-
-        _parse_settings(TrainConfig if argv[0] == "train" else ExperimentConfig, f"envace {argv[0]}", argv[1:])
+    if argv[0] in COMMANDS:  # every command's settings object built, as `envace` builds it
+        parse_command(argv)
     else:
-        build_parser().parse_args(argv)
+        build_parser().parse_args(argv)  # --help, or a mistake
 
 
 @pytest.mark.parametrize("block", BASH, ids=str)
