@@ -385,24 +385,35 @@ def test_a_run_whose_every_reward_is_masked_ends_with_its_plot_and_summary(tiny_
     assert "every episode's reward" in " ".join(t.get_text() for ax in figure.axes for t in ax.texts)
 
 
-def test_real_tools_mode_bounds_tool_calling_rounds_as_rehearsal_mode_bounds_act_turns(tiny_path, tmp_path, monkeypatch):
-    """TRL's tool loop has no bound of its own (max_tool_calling_iterations unset): the baseline gets max_turns."""
-    from envace_gym.integrations import trl as envace_trl
-    from envace_gym.recipes.train import TrainConfig, train
+def test_real_tools_mode_bounds_tool_calling_rounds_as_rehearsal_mode_bounds_act_turns(tmp_path):
+    """TRL's tool loop has no bound of its own (max_tool_calling_iterations unset): the baseline gets max_turns, and
+    a whole episode's completion budget."""
+    from envace_gym.recipes.train import TrainConfig, trl_args
 
-    seen = {}
+    config = TrainConfig(mode="real-tools", domain="units", max_turns=3, max_new_tokens=8, output_dir=str(tmp_path))
+    args = trl_args(config, config.max_turns, "float32")
+    assert (args.max_tool_calling_iterations, args.max_completion_length) == (3, 24)
 
-    class Built(Exception):
-        pass
 
-    def capture(**kwargs):
-        seen["args"] = kwargs["args"]
-        raise Built  # the trainer's settings are what this test reads; no training
+def test_one_function_builds_the_trl_args_and_both_grpo_modes_train_the_papers_objective(tmp_path):
+    """trl_args builds every mode's TRL config; the paper's objective is declared once (EnvACEGRPOConfig's
+    defaults) and the real-tools baseline trains with it too, a user's delta over the paper's."""
+    from envace_gym.integrations.trl import EnvACEGRPOConfig, PackedGRPOConfig, PackedSFTConfig, paper_objective
+    from envace_gym.recipes.train import TrainConfig, trl_args
+    from envace_gym.training.trainer import TrainerConfig
 
-    monkeypatch.setattr(envace_trl, "PackedGRPOTrainer", capture)
-    with pytest.raises(Built):
-        train(TrainConfig(mode="real-tools", model=tiny_path, domain="units", max_turns=3, output_dir=str(tmp_path)))
-    assert seen["args"].max_tool_calling_iterations == 3
+    assert paper_objective() == {"scale_rewards": "none", "delta": 3.0, "loss_type": "dapo",
+                                 "use_bias_correction_kl": False}  # fmt: skip
+    built = {mode: trl_args(TrainConfig(mode=mode, domain="units", output_dir=str(tmp_path), delta=2.5), 2, "float32")
+             for mode in ("sft", "rehearsal", "real-tools")}  # fmt: skip
+    assert type(built["sft"]) is PackedSFTConfig and type(built["rehearsal"]) is EnvACEGRPOConfig
+    assert type(built["real-tools"]) is PackedGRPOConfig
+    for mode in ("rehearsal", "real-tools"):
+        args = built[mode]
+        assert {**paper_objective(), "delta": 2.5} == {k: getattr(args, k) for k in paper_objective()}, mode
+    # envace train's settings shared with the pure-torch trainer take their defaults from TrainerConfig
+    for name in ("tasks_per_step", "group_size", "learning_rate", "epsilon", "delta", "beta", "pack_tokens"):
+        assert TrainConfig.__dataclass_fields__[name].default == TrainerConfig.__dataclass_fields__[name].default
 
 
 def test_resume_point_sets_aside_checkpoints_cut_short_and_never_twice_onto_one_name(tmp_path, monkeypatch):
