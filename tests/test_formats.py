@@ -448,9 +448,9 @@ def test_adversarial_xml_and_fences_parse_in_linear_time():
         "llama3_json": " " * 30_000 + "x",
     }  # fmt: skip
     for name, text in cases.items():
-        started = time.perf_counter()
+        started = time.process_time()  # CPU work, which a loaded machine does not stretch as it does the clock
         parsed = FORMATS[name].parse(text)
-        assert time.perf_counter() - started < 1.0, name  # a cubic regex took minutes here
+        assert time.process_time() - started < 1.0, name  # a cubic regex took minutes here
         assert parsed.error is not None or parsed.is_final_answer, name
 
 
