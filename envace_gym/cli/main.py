@@ -57,7 +57,8 @@ class BenchConfig:
     """``envace bench``'s settings: a size left unset keeps the recipe's own default."""
 
     model: str | None = field(
-        default=None, metadata={"help": "model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a quick look"}
+        default=None,
+        metadata={"help": "model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a quick look"},
     )
     domain: str = field(default="bank", metadata={"help": "domain of the rollout measures"})
     backend: str = field(
@@ -68,7 +69,8 @@ class BenchConfig:
         },
     )
     episodes: int | None = field(
-        default=None, metadata={"help": "episodes of the Act-turn workload (default: 16; the rehearsal workload uses 8)"}
+        default=None,
+        metadata={"help": "episodes of the Act-turn workload (default: 16; the rehearsal workload uses 8)"},
     )
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "token budget of Act turns and rehearsals (default: 48)"}
@@ -98,14 +100,17 @@ class ChecklistsConfig:
     out: str = field(metadata={"help": "the JSONL file to write (EnvACE-format rows)"})
     model: str | None = field(
         default=None,
-        metadata={"help": "judge model folder or hub id, in process; default: the embedded SmolLM2-135M; 'tiny' for a test"},
+        metadata={
+            "help": "judge model folder or hub id, in process; default: the embedded SmolLM2-135M; 'tiny' for a test"
+        },
     )
     base_url: str | None = field(
         default=None, metadata={"help": "an OpenAI-compatible endpoint instead, e.g. http://localhost:30000/v1"}
     )
     judge_model: str | None = field(default=None, metadata={"help": "the endpoint's model name (with --base-url)"})
     split: list[str] = field(
-        default_factory=lambda: ["train", "test"], metadata={"help": "which tasks to write", "choices": ["train", "test"]}
+        default_factory=lambda: ["train", "test"],
+        metadata={"help": "which tasks to write", "choices": ["train", "test"]},
     )
 
 
@@ -116,7 +121,8 @@ class DomainsConfig:
     names: list[str] = field(
         default_factory=list,
         metadata={
-            "help": "domains to build and describe in detail (any --domain value: bfcl:parallel, tau2:airline, a folder)",
+            "help": "domains to build and describe in detail (any --domain value: bfcl:parallel, tau2:airline, a "
+            "folder)",
             "positional": True,
             "metavar": "NAME",
         },
@@ -127,7 +133,9 @@ class DomainsConfig:
     check: bool = field(
         default=False, metadata={"help": "check the named domains (all registered ones, without names) in full"}
     )
-    rewards: int = field(default=20, metadata={"help": "with --check: tasks per split whose reference solution is scored"})
+    rewards: int = field(
+        default=20, metadata={"help": "with --check: tasks per split whose reference solution is scored"}
+    )
 
 
 COMMANDS = {  # name: what `envace --help` says of it
@@ -437,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="envace", description="World rehearsal (EnvACE) for tool-using LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command, help in COMMANDS.items():
-        _add_settings(sub.add_parser(command, help=help, description=DESCRIPTIONS.get(command)), settings_class(command))
+        command_parser = sub.add_parser(command, help=help, description=DESCRIPTIONS.get(command))
+        _add_settings(command_parser, settings_class(command))
     return parser
 
 

@@ -130,7 +130,9 @@ def run_eval(config: EvalConfig) -> list[tuple[str, EvalResult]]:
     for mode, n, rule in plans:
         planner = None
         if mode is not None and n > 0:
-            planner = PlannerConfig(budget=n, mode=mode, horizon=c.horizon, max_new_tokens=c.max_new_tokens, commit=rule)
+            planner = PlannerConfig(
+                budget=n, mode=mode, horizon=c.horizon, max_new_tokens=c.max_new_tokens, commit=rule
+            )
         label = PLAIN if planner is None else f"{mode}, N={n}"
         if planner is not None and list(c.commit) != ["memory"]:
             label += f", commit={rule}"

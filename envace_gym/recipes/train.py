@@ -38,7 +38,8 @@ def _as_trainer(name: str, help: str | None = None, **metadata: Any) -> Any:
     """A setting the pure-torch trainer's :class:`~envace_gym.training.trainer.TrainerConfig` declares: its default
     and help, declared there once (``help`` where this command says more; ``metadata`` adds ``choices``)."""
     declared = TrainerConfig.__dataclass_fields__[name]
-    return field(default=declared.default, metadata={**declared.metadata, **({"help": help} if help else {}), **metadata})
+    metadata = {**declared.metadata, **({"help": help} if help else {}), **metadata}
+    return field(default=declared.default, metadata=metadata)
 
 
 @dataclass
