@@ -235,6 +235,7 @@ def test_a_hand_written_call_is_answered_by_the_real_executor(family):
     assert terminated and reward == 1.0, info
 
 
+@pytest.mark.slow
 def test_a_hand_written_call_is_rehearsed(family):
     tok = tiny_tokenizer(family=family)
     domain = make_domain("bank")
@@ -294,6 +295,7 @@ def test_inline_is_refused_where_the_template_quotes_tool_responses(family):
     assert "does not show tool responses verbatim" in info["error"]["message"]
 
 
+@pytest.mark.slow
 def test_sft_rows_render_in_the_familys_format(family):
     tok = tiny_tokenizer(family=family)
     rows = sft_rows("bank", tok, [TASK], roles=("act",))

@@ -30,6 +30,7 @@ def carded_tiny(tiny_path, tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sft", "rehearsal", "real-tools"])
 def test_train_modes_write_model_metrics_and_curves(carded_tiny, tmp_path, mode):
     out = tmp_path / mode
@@ -51,6 +52,7 @@ def test_train_modes_write_model_metrics_and_curves(carded_tiny, tmp_path, mode)
         assert any("success" in entry for entry in history)
 
 
+@pytest.mark.slow
 def test_the_quick_look_with_dashed_flags_says_its_model_was_built_in_process(tmp_path, capsys):
     """``envace train --mode rehearsal --model tiny`` in the dashed spelling (``--group-size``, as ``envace
     eval`` takes them; both spellings work in every command): the card says the run started from the tiny model
@@ -82,6 +84,7 @@ def test_curves_have_integer_steps_and_fixed_reward_range(tmp_path):
     assert fig.axes[0].get_ylim() == (-0.05, 1.05) and fig.axes[1].get_ylim() == (-0.05, 1.05)
 
 
+@pytest.mark.slow
 def test_train_reads_a_yaml_config_and_flags_win(tiny_path, tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text(
@@ -244,6 +247,7 @@ def test_training_killed_by_sigkill_resumes_from_its_last_checkpoint(tiny_path, 
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.parameters(), b.parameters(), strict=True))
 
 
+@pytest.mark.slow
 def test_eval_with_private_rehearsal_prints_a_table(tiny_path, tmp_path, capsys):
     out = tmp_path / "planning.json"
     argv = [
@@ -266,6 +270,7 @@ def test_eval_with_private_rehearsal_prints_a_table(tiny_path, tmp_path, capsys)
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_lora_and_tensorboard(tiny_path, tmp_path):
     out = tmp_path / "lora"
     argv = ["train", "--mode", "sft", "--model", tiny_path, "--output_dir", str(out), "--domain", "units", "--sft_tasks", "2",
@@ -276,6 +281,7 @@ def test_lora_and_tensorboard(tiny_path, tmp_path):
     assert list(out.rglob("events.out.tfevents.*")), "tensorboard wrote no event file"
 
 
+@pytest.mark.slow
 def test_sft_epochs_rule_unless_steps_is_set(tiny_path, tmp_path, capsys):
     from envace_gym.testing import tiny_tokenizer
     from envace_gym.training import sft_dataset
@@ -355,6 +361,7 @@ def test_reward_panel_widens_for_rewards_outside_zero_one():
     assert low <= -0.4 and high >= 1.8  # weighted rewards are not clipped off the plot
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["rehearsal", "real-tools"])
 def test_a_run_whose_every_reward_is_masked_ends_with_its_plot_and_summary(tiny_path, tmp_path, mode):
     """A verifier that fails on every episode masks them all (reward None): the run still writes its model, a

@@ -65,6 +65,7 @@ def _dataset_row(parameters: dict) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_a_catastrophic_pattern_in_a_dataset_tool_ends_the_step_in_a_typed_error():
     """The reported case: a dataset tool with "pattern": "^(a+)+$" and an Act turn whose argument is 34 a's and
     a "!": env.step had not returned after 20 s (Python's re); now INVALID_PARAMETERS at once."""
@@ -172,6 +173,7 @@ RECURSING = {  # a $ref recursing through anyOf: every branch at every level, ex
 }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_schema_that_recurses_through_anyof_ends_the_step_within_the_check_budget():
     """Unbounded, checking a 14-deep list against this schema took 16 s here (2^14 branches); 28 deep, hours. The
     step ends in LIMIT_EXCEEDED once the default budget (1 s) is spent, in a fresh process in case it does not."""
