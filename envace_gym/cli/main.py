@@ -128,10 +128,12 @@ class DomainsConfig:
         },
     )
     details: bool = field(
-        default=False, metadata={"help": "build every registered domain and print its tool and task counts"}
+        default=False,
+        metadata={"help": "build every registered domain and print its tool and task counts", "flag": True},
     )
     check: bool = field(
-        default=False, metadata={"help": "check the named domains (all registered ones, without names) in full"}
+        default=False,
+        metadata={"help": "check the named domains (all registered ones, without names) in full", "flag": True},
     )
     rewards: int = field(
         default=20, metadata={"help": "with --check: tasks per split whose reference solution is scored"}
@@ -183,13 +185,17 @@ def settings_class(command: str) -> type:
 def _add_field(parser: argparse.ArgumentParser, f: Any) -> None:
     """One settings field as ``parser``'s option, as TRL's parser declares it (``--name`` and ``--name-with-dashes``,
     ``--no_flag`` for a flag that is on by default, a list as ``nargs="+"``), or a positional one where its metadata
-    says ``positional``."""
+    says ``positional``, or a flag that takes no value where it says ``flag`` (TRL's ``--flag [true|false]`` would
+    take a positional that follows it for its value)."""
     from trl import TrlParser
 
     if f.metadata.get("positional"):
         parser.add_argument(
             f.name, nargs="*", metavar=f.metadata.get("metavar"), default=f.default_factory(), help=f.metadata["help"]
         )
+    elif f.metadata.get("flag"):
+        names = [f"--{f.name}", *([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])]
+        parser.add_argument(*names, action="store_true", default=f.default, help=f.metadata["help"])
     else:
         TrlParser._parse_dataclass_field(parser, f)
 
