@@ -50,7 +50,8 @@ demo: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# All but the tests marked slow (TRL trainers, accelerate launches, subprocess runs, the default model).
+# All but the tests marked slow (over ~5 s: TRL trainers and training runs, accelerate launches, subprocess runs,
+# the default model, benchmark data); pytest's --durations names any test that grows past that.
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 

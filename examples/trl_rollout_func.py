@@ -21,7 +21,7 @@ import argparse
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from envace_gym.integrations.trl import envace_reward, make_rollout_func, task_dataset
+from envace_gym.integrations.trl import envace_reward, make_rollout_func, paper_objective, task_dataset
 from envace_gym.policy.factory import make_policy
 
 
@@ -41,8 +41,9 @@ def main() -> None:
         max_completion_length=32,  # the token budget of each Act turn and rehearsal
         max_steps=args.steps,
         learning_rate=1e-5,
-        # the paper's objective on one row per episode (what EnvACEGRPOConfig sets by default)
-        scale_rewards="none", delta=3.0, loss_type="dapo", epsilon=0.2, use_bias_correction_kl=False,
+        # the paper's objective on one row per episode (EnvACEGRPOConfig's defaults): scale_rewards="none",
+        # delta=3.0, loss_type="dapo", use_bias_correction_kl=False (epsilon 0.2 is GRPOConfig's own default)
+        **paper_objective(),
         logging_steps=1, save_strategy="no", report_to="none", seed=0,
         use_cpu=not torch.cuda.is_available(), bf16=False,
     )  # fmt: skip

@@ -250,6 +250,7 @@ def test_packing_probe_catches_a_layout_mismatch_whatever_the_compute_dtype(toke
 
 
 # -- item 6: the GPU check script builds its configs without a GPU ------------------------------------------
+@pytest.mark.slow
 def test_gpu_check_dry_run_builds_every_config():
     import json
     import subprocess

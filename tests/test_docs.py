@@ -4,7 +4,7 @@
   swapped for it, so a block that leaves ``policy=`` at its default still runs in CI's time. A block about
   the default model itself is marked ``<!-- doctest: default-model -->`` on the line above its fence and
   runs on the real one (few: they are slow). ``<!-- doctest: needs-benchmarks -->`` marks a block that
-  needs ``make benchmarks``.
+  needs ``make benchmarks``; ``<!-- doctest: slow -->`` one that takes more than ~5 s (``make test-fast`` skips it).
 * ``bash`` blocks: every ``envace ...`` command parses with the CLI's own parser (flags and values exist;
   the commands themselves train for minutes to hours), every ``make`` target exists in the Makefile and
   every script they run is in the repository.
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from envace_gym.cli import build_parser
-from envace_gym.cli.main import _parse_settings
+from envace_gym.cli.main import COMMANDS, parse_command
 from envace_gym.policy import default_model as models
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ BASH = blocks("bash")
 
 def test_the_pages_have_blocks_to_check():
     assert len(PYTHON) >= 8 and len(BASH) >= 8 and blocks("json")
-    assert {b.mark for b in PYTHON} <= {None, "default-model", "needs-benchmarks"}
+    assert {b.mark for b in PYTHON} <= {None, "default-model", "needs-benchmarks", "slow"}
 
 
 @pytest.fixture
@@ -79,7 +79,11 @@ def run_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     return namespace
 
 
-@pytest.mark.parametrize("block", [b for b in PYTHON if b.mark != "default-model"], ids=str)
+@pytest.mark.parametrize(
+    "block",  # a block marked slow (over ~5 s on the tiny model) runs in make test, not make test-fast
+    [pytest.param(b, marks=pytest.mark.slow) if b.mark == "slow" else b for b in PYTHON if b.mark != "default-model"],
+    ids=str,
+)
 def test_python_blocks_run_on_the_tiny_model(block, default_is_tiny, tmp_path, monkeypatch):
     run_block(block, tmp_path, monkeypatch)
 
@@ -105,13 +109,10 @@ def commands(block: Block) -> list[list[str]]:
 
 
 def check_envace(argv: list[str]) -> None:
-    if argv[0] in ("train", "experiment"):
-        from envace_gym.recipes.experiment import ExperimentConfig
-        from envace_gym.recipes.train import TrainConfig
-
-        _parse_settings(TrainConfig if argv[0] == "train" else ExperimentConfig, f"envace {argv[0]}", argv[1:])
+    if argv[0] in COMMANDS:  # every command's settings object built, as `envace` builds it
+        parse_command(argv)
     else:
-        build_parser().parse_args(argv)
+        build_parser().parse_args(argv)  # --help, or a mistake
 
 
 @pytest.mark.parametrize("block", BASH, ids=str)

@@ -54,7 +54,11 @@ FAMILY_MEMBERS = {"bfcl": ("bfcl_eval", "bfcl:simple_python"), "tau2": ("tau2", 
 NEEDS_LONG_CONTEXT = {"tau2"}
 
 
-@pytest.mark.parametrize("name", envace_gym.list_domains())
+@pytest.mark.parametrize(
+    "name",  # tau2's: seconds of benchmark data and its user; make test runs it
+    [pytest.param(n, marks=pytest.mark.slow) if n.rpartition("-v")[0] in NEEDS_LONG_CONTEXT else n
+     for n in envace_gym.list_domains()],  # fmt: skip
+)
 def test_check_env_passes(tiny, name):
     """Gymnasium's own checker on every registered domain (reset/step API, spaces, seeding determinism)."""
     family = name.rpartition("-v")[0]  # "bfcl-v0": checked on one of its members

@@ -3,6 +3,7 @@ inherit it with its help, hand it on through ``episode_config()``, and the comma
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 from dataclasses import fields
@@ -75,11 +76,14 @@ def test_the_command_lines_offer_every_setting():
     from envace_gym.cli.main import build_parser
     from envace_gym.evaluation.evaluate import EVALUATION_SETS
 
+    from envace_gym.cli.main import parse_command
+
     evaluate = build_parser()._subparsers._group_actions[0].choices["eval"]
-    flags = {a.dest for a in evaluate._actions}
-    assert {f.name for f in SETTINGS} - flags == set(EVALUATION_SETS) & {f.name for f in SETTINGS}
-    args = build_parser().parse_args(["eval", "--max-errors", "4", "--user", "llm"])
-    assert (args.max_errors, args.user) == (4, "llm") and not hasattr(args, "max_turns")  # unset: left out
+    offered = {a.dest for a in evaluate._actions if a.help != argparse.SUPPRESS}
+    assert {f.name for f in SETTINGS} - offered == set(EVALUATION_SETS) & {f.name for f in SETTINGS}
+    _, config = parse_command(["eval", "--max-errors", "4", "--user", "llm"])
+    assert (config.max_errors, config.user) == (4, "llm") and config.max_turns is None
+    assert config.given_settings() == {"max_errors": 4, "user": "llm"}  # what evaluate() is handed: the changed ones
     for command in ("train", "experiment"):
         from envace_gym.cli.main import main
 

@@ -235,6 +235,7 @@ def test_a_hand_written_call_is_answered_by_the_real_executor(family):
     assert terminated and reward == 1.0, info
 
 
+@pytest.mark.slow
 def test_a_hand_written_call_is_rehearsed(family):
     tok = tiny_tokenizer(family=family)
     domain = make_domain("bank")
@@ -294,6 +295,7 @@ def test_inline_is_refused_where_the_template_quotes_tool_responses(family):
     assert "does not show tool responses verbatim" in info["error"]["message"]
 
 
+@pytest.mark.slow
 def test_sft_rows_render_in_the_familys_format(family):
     tok = tiny_tokenizer(family=family)
     rows = sft_rows("bank", tok, [TASK], roles=("act",))
@@ -448,9 +450,9 @@ def test_adversarial_xml_and_fences_parse_in_linear_time():
         "llama3_json": " " * 30_000 + "x",
     }  # fmt: skip
     for name, text in cases.items():
-        started = time.perf_counter()
+        started = time.process_time()  # CPU work, which a loaded machine does not stretch as it does the clock
         parsed = FORMATS[name].parse(text)
-        assert time.perf_counter() - started < 1.0, name  # a cubic regex took minutes here
+        assert time.process_time() - started < 1.0, name  # a cubic regex took minutes here
         assert parsed.error is not None or parsed.is_final_answer, name
 
 

@@ -125,8 +125,9 @@ def test_no_private_attribute_access_across_modules():
 
 # The subpackages re-export the names users import from them (a sample per package).
 KEPT = {
-    "envace_gym.tools": ["ToolCall", "ToolSchema", "ToolRegistry", "ValidationResult", "call_from_json"],
-    "envace_gym.parsing": ["parse_act", "canonical_json", "call_key", "parse_execution_result", "Limits", "DEFAULT_LIMITS", "RESULT_CLOSE"],
+    "envace_gym.tools": ["ToolCall", "ToolSchema", "ToolRegistry", "ValidationResult", "call_from_json",
+                         "canonical_json", "call_key"],
+    "envace_gym.parsing": ["parse_act", "parse_execution_result", "Limits", "DEFAULT_LIMITS", "RESULT_CLOSE"],
     "envace_gym.domains": ["Domain", "GeneratedDomain", "FolderDomain", "Task", "ReferenceTurn", "ReferenceRecorder",
                            "Trajectory", "CallRecord", "RewardResult", "make_domain", "register_domain",
                            "list_domains", "SPLITS", "stable_hash", "score_expected"],
@@ -145,5 +146,12 @@ def test_subpackages_keep_the_old_modules_names(package):
     module = importlib.import_module(package)
     missing = [name for name in KEPT[package] if not hasattr(module, name)]
     assert not missing, f"{package} lost {missing}"
+
+
+def test_a_name_is_exported_from_its_home_only():
+    """The canonical forms are the tools' (``envace_gym.tools``); parsing does not re-export them."""
+    import envace_gym.parsing
+
+    assert not {"call_key", "canonical", "canonical_json"} & set(dir(envace_gym.parsing))
 
 

@@ -10,6 +10,7 @@ ends at 0 and fails it (``--broken flip-advantage``, same page).
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from envace_gym.recipes.learning import learning_check
@@ -18,6 +19,7 @@ MARGIN = 0.2  # held-out success must rise by at least this much
 FLOOR = 0.9  # and end at least this high
 
 
+@pytest.mark.slow  # minutes: make test runs it, make test-fast does not
 def test_envace_training_raises_held_out_success(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the benchmark measured it (and a 0.4M-parameter model runs no slower)

@@ -33,6 +33,7 @@ def single_env_reference_run(policy, task_id, mode):
     return info["messages"], reward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["separate", "inline"])
 def test_collector_matches_single_envs_under_greedy_decoding(tiny, mode):
     for domain in ("bank", "travel"):

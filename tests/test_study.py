@@ -522,6 +522,7 @@ def test_train_top_layers_leaves_the_top_layers_and_the_final_norm_trainable():
     assert all(p.requires_grad for p in train_top_layers(tiny_policy(seed=7).model, None).parameters())
 
 
+@pytest.mark.slow
 def test_recomputing_layers_gives_the_same_gradients_and_the_experiment_asks_for_it(tmp_path, monkeypatch):
     from envace_gym.recipes.experiment import run_experiment
     from envace_gym.training import options

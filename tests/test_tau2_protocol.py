@@ -140,6 +140,7 @@ def test_tool_errors_are_answered_as_tau2_answers_them_and_max_errors_ends_the_r
     assert terminated and reward == 0.0 and info["termination_reason"] == "too_many_errors"
 
 
+@pytest.mark.slow
 def test_every_end_but_the_users_stop_scores_0_under_tau2_and_the_trajectory_under_envace():
     """All the gold actions done, the run cut by the turn bound: τ² gives 0 (a premature end); the "envace" protocol
     scores what was done."""
@@ -158,6 +159,7 @@ def test_on_invalid_terminate_is_refused_under_tau2():
         env.reset(seed=0, options={"task": env.domain.tasks("train")[0].id})
 
 
+@pytest.mark.slow
 def test_a_stopped_run_is_scored_by_tau2s_evaluators_and_evaluation_counts_how_runs_ended():
     from envace_gym.evaluation import evaluate
 
@@ -209,6 +211,7 @@ def _play_v1_task(judge):
     return reward, info
 
 
+@pytest.mark.slow
 def test_nl_assertions_are_judged_with_tau2s_judge_prompt_or_masked_with_a_reason():
     judge = FakeJudge(_verdict(True, True))
     reward, info = _play_v1_task(judge)
@@ -245,6 +248,7 @@ def _as_tau2(messages):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tau2:retail", "tau2:airline"])
 def test_our_score_equals_tau2s_evaluate_simulation_on_the_same_messages(name):
     """Six tasks of each domain, each played three ways (the gold actions and what must be told; the last action

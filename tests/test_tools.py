@@ -283,6 +283,7 @@ SCHEMAS = [SYNTHETIC, *(t for name in ("units", "bank", "travel") for t in make_
         json_values | st.sampled_from(["a", "b", "m", "km", "C", "economy", 1.0, 2, True]),
     ),
 )
+@pytest.mark.slow
 def test_fast_check_agrees_with_jsonschema(schema, values):
     assert schema._arguments_fast_check is not schema._arguments_validator.is_valid  # the fast path is in use
     assert schema._arguments_fast_check(values) == schema._arguments_validator.is_valid(values)

@@ -30,6 +30,7 @@ def carded_tiny(tiny_path, tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sft", "rehearsal", "real-tools"])
 def test_train_modes_write_model_metrics_and_curves(carded_tiny, tmp_path, mode):
     out = tmp_path / mode
@@ -51,6 +52,7 @@ def test_train_modes_write_model_metrics_and_curves(carded_tiny, tmp_path, mode)
         assert any("success" in entry for entry in history)
 
 
+@pytest.mark.slow
 def test_the_quick_look_with_dashed_flags_says_its_model_was_built_in_process(tmp_path, capsys):
     """``envace train --mode rehearsal --model tiny`` in the dashed spelling (``--group-size``, as ``envace
     eval`` takes them; both spellings work in every command): the card says the run started from the tiny model
@@ -82,6 +84,7 @@ def test_curves_have_integer_steps_and_fixed_reward_range(tmp_path):
     assert fig.axes[0].get_ylim() == (-0.05, 1.05) and fig.axes[1].get_ylim() == (-0.05, 1.05)
 
 
+@pytest.mark.slow
 def test_train_reads_a_yaml_config_and_flags_win(tiny_path, tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text(
@@ -244,6 +247,7 @@ def test_training_killed_by_sigkill_resumes_from_its_last_checkpoint(tiny_path, 
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.parameters(), b.parameters(), strict=True))
 
 
+@pytest.mark.slow
 def test_eval_with_private_rehearsal_prints_a_table(tiny_path, tmp_path, capsys):
     out = tmp_path / "planning.json"
     argv = [
@@ -266,6 +270,7 @@ def test_eval_with_private_rehearsal_prints_a_table(tiny_path, tmp_path, capsys)
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_lora_and_tensorboard(tiny_path, tmp_path):
     out = tmp_path / "lora"
     argv = ["train", "--mode", "sft", "--model", tiny_path, "--output_dir", str(out), "--domain", "units", "--sft_tasks", "2",
@@ -276,6 +281,7 @@ def test_lora_and_tensorboard(tiny_path, tmp_path):
     assert list(out.rglob("events.out.tfevents.*")), "tensorboard wrote no event file"
 
 
+@pytest.mark.slow
 def test_sft_epochs_rule_unless_steps_is_set(tiny_path, tmp_path, capsys):
     from envace_gym.testing import tiny_tokenizer
     from envace_gym.training import sft_dataset
@@ -355,6 +361,7 @@ def test_reward_panel_widens_for_rewards_outside_zero_one():
     assert low <= -0.4 and high >= 1.8  # weighted rewards are not clipped off the plot
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["rehearsal", "real-tools"])
 def test_a_run_whose_every_reward_is_masked_ends_with_its_plot_and_summary(tiny_path, tmp_path, mode):
     """A verifier that fails on every episode masks them all (reward None): the run still writes its model, a
@@ -385,24 +392,35 @@ def test_a_run_whose_every_reward_is_masked_ends_with_its_plot_and_summary(tiny_
     assert "every episode's reward" in " ".join(t.get_text() for ax in figure.axes for t in ax.texts)
 
 
-def test_real_tools_mode_bounds_tool_calling_rounds_as_rehearsal_mode_bounds_act_turns(tiny_path, tmp_path, monkeypatch):
-    """TRL's tool loop has no bound of its own (max_tool_calling_iterations unset): the baseline gets max_turns."""
-    from envace_gym.integrations import trl as envace_trl
-    from envace_gym.recipes.train import TrainConfig, train
+def test_real_tools_mode_bounds_tool_calling_rounds_as_rehearsal_mode_bounds_act_turns(tmp_path):
+    """TRL's tool loop has no bound of its own (max_tool_calling_iterations unset): the baseline gets max_turns, and
+    a whole episode's completion budget."""
+    from envace_gym.recipes.train import TrainConfig, trl_args
 
-    seen = {}
+    config = TrainConfig(mode="real-tools", domain="units", max_turns=3, max_new_tokens=8, output_dir=str(tmp_path))
+    args = trl_args(config, config.max_turns, "float32")
+    assert (args.max_tool_calling_iterations, args.max_completion_length) == (3, 24)
 
-    class Built(Exception):
-        pass
 
-    def capture(**kwargs):
-        seen["args"] = kwargs["args"]
-        raise Built  # the trainer's settings are what this test reads; no training
+def test_one_function_builds_the_trl_args_and_both_grpo_modes_train_the_papers_objective(tmp_path):
+    """trl_args builds every mode's TRL config; the paper's objective is declared once (EnvACEGRPOConfig's
+    defaults) and the real-tools baseline trains with it too, a user's delta over the paper's."""
+    from envace_gym.integrations.trl import EnvACEGRPOConfig, PackedGRPOConfig, PackedSFTConfig, paper_objective
+    from envace_gym.recipes.train import TrainConfig, trl_args
+    from envace_gym.training.trainer import TrainerConfig
 
-    monkeypatch.setattr(envace_trl, "PackedGRPOTrainer", capture)
-    with pytest.raises(Built):
-        train(TrainConfig(mode="real-tools", model=tiny_path, domain="units", max_turns=3, output_dir=str(tmp_path)))
-    assert seen["args"].max_tool_calling_iterations == 3
+    assert paper_objective() == {"scale_rewards": "none", "delta": 3.0, "loss_type": "dapo",
+                                 "use_bias_correction_kl": False}  # fmt: skip
+    built = {mode: trl_args(TrainConfig(mode=mode, domain="units", output_dir=str(tmp_path), delta=2.5), 2, "float32")
+             for mode in ("sft", "rehearsal", "real-tools")}  # fmt: skip
+    assert type(built["sft"]) is PackedSFTConfig and type(built["rehearsal"]) is EnvACEGRPOConfig
+    assert type(built["real-tools"]) is PackedGRPOConfig
+    for mode in ("rehearsal", "real-tools"):
+        args = built[mode]
+        assert {**paper_objective(), "delta": 2.5} == {k: getattr(args, k) for k in paper_objective()}, mode
+    # envace train's settings shared with the pure-torch trainer take their defaults from TrainerConfig
+    for name in ("tasks_per_step", "group_size", "learning_rate", "epsilon", "delta", "beta", "pack_tokens"):
+        assert TrainConfig.__dataclass_fields__[name].default == TrainerConfig.__dataclass_fields__[name].default
 
 
 def test_resume_point_sets_aside_checkpoints_cut_short_and_never_twice_onto_one_name(tmp_path, monkeypatch):

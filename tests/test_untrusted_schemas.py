@@ -65,6 +65,7 @@ def _dataset_row(parameters: dict) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_a_catastrophic_pattern_in_a_dataset_tool_ends_the_step_in_a_typed_error():
     """The reported case: a dataset tool with "pattern": "^(a+)+$" and an Act turn whose argument is 34 a's and
     a "!": env.step had not returned after 20 s (Python's re); now INVALID_PARAMETERS at once."""
@@ -172,6 +173,7 @@ RECURSING = {  # a $ref recursing through anyOf: every branch at every level, ex
 }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_schema_that_recurses_through_anyof_ends_the_step_within_the_check_budget():
     """Unbounded, checking a 14-deep list against this schema took 16 s here (2^14 branches); 28 deep, hours. The
     step ends in LIMIT_EXCEEDED once the default budget (1 s) is spent, in a fresh process in case it does not."""
@@ -186,14 +188,16 @@ env.reset(seed=0, options={{"task": "evil/000"}})
 deep = 1.5
 for _ in range(28):
     deep = [deep]
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 _, reward, terminated, _, info = env.step(ToolCall("spell", {{"word": deep}}).to_text())
-print(json.dumps([time.perf_counter() - started, reward, terminated, info["calls"][0]["error"]]))
+print(json.dumps([time.perf_counter() - started, time.process_time() - cpu, reward, terminated, info["calls"][0]["error"]]))
 """
-    seconds, reward, terminated, error = json.loads(_runs_within(BOUND_S, code).strip().splitlines()[-1])
+    seconds, cpu, reward, terminated, error = json.loads(_runs_within(BOUND_S, code).strip().splitlines()[-1])
     assert error["code"] == "LIMIT_EXCEEDED" and error["details"]["limit"] == "max_check_seconds"
     assert "ran past the step's budget of 1 s" in error["message"] and (reward, terminated) == (0.0, True)
-    assert 1.0 <= seconds < 2.0  # the budget, plus the rest of the step
+    # the budget (wall-clock, by design) was spent, and the step's CPU work stayed near it: a loaded machine
+    # lengthens the first, never the second
+    assert seconds >= 1.0 and cpu < 2.0, (seconds, cpu)
 
 
 def test_unique_items_is_checked_in_linear_time():

@@ -191,6 +191,7 @@ def test_a_tau2_retail_episode_with_an_llm_user():
     assert truncated and info["reward_masked"] and info["termination_reason"] == "user_error"
 
 
+@pytest.mark.slow
 def test_a_tau2_episode_with_a_simulated_user_is_scored_by_tau2s_evaluators():
     """The user opens and stops (τ²'s protocol); the agent plays τ²'s gold actions and tells what it must: DB and
     COMMUNICATE, τ²'s reward basis for retail, both pass, whether it tells it in its final answer or in a call turn's
@@ -277,6 +278,7 @@ def _reference_call(task_id="travel/000"):
     return env.episode.reference_action(turn)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rehearsal_mode", ["separate", "inline"])
 def test_the_policy_rehearses_its_users_as_a_third_role_with_its_own_baseline(rehearsal_mode):
     from envace_gym.training import rolewise_advantages

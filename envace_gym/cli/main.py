@@ -1,10 +1,15 @@
-"""The ``envace`` command: ``demo``, ``train``, ``eval``, ``experiment``, ``bench``, ``checklists`` and ``domains``."""
+"""The ``envace`` command: ``demo``, ``train``, ``eval``, ``experiment``, ``bench``, ``checklists`` and ``domains``.
+
+Every command's flags are the fields of one settings dataclass (:func:`settings_class`), parsed one way
+(:func:`parse_command`: TRL's parser, so every command takes ``--config YAML`` and both flag spellings,
+``--num_tasks`` and ``--num-tasks``), and its handler gets that object."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 
@@ -14,7 +19,7 @@ class _HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         unset = action.default in (None, argparse.SUPPRESS) or action.default is False
-        if unset or not action.option_strings or "default" in text:
+        if unset or not action.option_strings or "default" in text or text == argparse.SUPPRESS:
             return text
         default = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
         return f"{text} (default: {default})"
@@ -47,21 +52,185 @@ def flag_aliases(names: Sequence[str]) -> list[str]:
     return aliases
 
 
-def _parse_settings(cls: type, prog: str, argv: Sequence[str]) -> Any:
+@dataclass
+class BenchConfig:
+    """``envace bench``'s settings: a size left unset keeps the recipe's own default."""
+
+    model: str | None = field(
+        default=None,
+        metadata={"help": "model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a quick look"},
+    )
+    domain: str = field(default="bank", metadata={"help": "domain of the rollout measures"})
+    backend: str = field(
+        default="transformers",
+        metadata={
+            "help": "vllm: rollout tokens/s of a vLLM engine against transformers on the same episodes, instead",
+            "choices": ["transformers", "vllm"],
+        },
+    )
+    episodes: int | None = field(
+        default=None,
+        metadata={"help": "episodes of the Act-turn workload (default: 16; the rehearsal workload uses 8)"},
+    )
+    max_new_tokens: int | None = field(
+        default=None, metadata={"help": "token budget of Act turns and rehearsals (default: 48)"}
+    )
+    turns: int | None = field(
+        default=None, metadata={"help": "turns of the long episodes in the turn-cost measure (default: 8)"}
+    )
+    train: bool = field(
+        default=False,
+        metadata={
+            "help": "measure training instead: the shared-prefix forward against the plain per-row forward (SFT, GRPO)"
+        },
+    )
+    work_dir: str | None = field(
+        default=None, metadata={"help": "--train: keep rollouts and results here, so a rerun resumes (default: none)"}
+    )
+    quick: bool = field(default=False, metadata={"help": "small sizes, for a smoke run"})
+    seed: int = field(default=0, metadata={"help": "seed of the task draw and of generation"})
+    out: str | None = field(default=None, metadata={"help": "also write the table (markdown) to this file"})
+
+
+@dataclass
+class ChecklistsConfig:
+    """``envace checklists``'s settings."""
+
+    domain: str = field(metadata={"help": "a dataset file or folder, or any domain name"})
+    out: str = field(metadata={"help": "the JSONL file to write (EnvACE-format rows)"})
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "judge model folder or hub id, in process; default: the embedded SmolLM2-135M; 'tiny' for a test"
+        },
+    )
+    base_url: str | None = field(
+        default=None, metadata={"help": "an OpenAI-compatible endpoint instead, e.g. http://localhost:30000/v1"}
+    )
+    judge_model: str | None = field(default=None, metadata={"help": "the endpoint's model name (with --base-url)"})
+    split: list[str] = field(
+        default_factory=lambda: ["train", "test"],
+        metadata={"help": "which tasks to write", "choices": ["train", "test"]},
+    )
+
+
+@dataclass
+class DomainsConfig:
+    """``envace domains``'s settings."""
+
+    names: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "domains to build and describe in detail (any --domain value: bfcl:parallel, tau2:airline, a "
+            "folder)",
+            "positional": True,
+            "metavar": "NAME",
+        },
+    )
+    details: bool = field(
+        default=False,
+        metadata={"help": "build every registered domain and print its tool and task counts", "flag": True},
+    )
+    check: bool = field(
+        default=False,
+        metadata={"help": "check the named domains (all registered ones, without names) in full", "flag": True},
+    )
+    rewards: int = field(
+        default=20, metadata={"help": "with --check: tasks per split whose reference solution is scored"}
+    )
+
+
+COMMANDS = {  # name: what `envace --help` says of it
+    "demo": "watch the policy rehearse a domain's tools next to the real ones",
+    "bench": "measure rollout speed against raw generation, or (--train) training speed (ratios, side by side)",
+    "eval": "success rate with the real executor, and rehearsal fidelity",
+    "train": "train: sft, rehearsal (EnvACE) or real-tools (baseline)",
+    "experiment": "the learning comparison behind docs/results.md",
+    "checklists": "derive checklists (calls to make, facts to tell) from a dataset's references, for review",
+    "domains": "list the registered domains",
+}
+DESCRIPTIONS = {
+    "domains": "List the registered domains, one line each: the factory's `description`, else its docstring's "
+    "first sentence. Nothing is built, and a 'module:attr' factory (the built-in domains, entry points) is read "
+    "from its module's source rather than imported, so the list is instant even for benchmark families whose "
+    "data takes seconds to load. --details, or naming domains, builds them and counts their tools and tasks (a "
+    "generator's tasks are built to be counted). --check runs the domain check on every task: tool schemas "
+    "(misspelt keywords, required names no property defines), reference calls against their schemas and "
+    "whitelist, recorded results against the real executor, and the reward of the reference solution on a "
+    "sample; it exits with 1 when there is an error.",
+}
+
+
+def settings_class(command: str) -> type:
+    """The dataclass whose fields are ``envace <command>``'s flags (imported on demand: only the command run)."""
+    if command == "demo":
+        from ..recipes.demo import DemoConfig
+
+        return DemoConfig
+    if command == "eval":
+        from ..recipes.eval import EvalConfig
+
+        return EvalConfig
+    if command == "train":
+        from ..recipes.train import TrainConfig
+
+        return TrainConfig
+    if command == "experiment":
+        from ..recipes.experiment import ExperimentConfig
+
+        return ExperimentConfig
+    return {"bench": BenchConfig, "checklists": ChecklistsConfig, "domains": DomainsConfig}[command]
+
+
+def _add_field(parser: argparse.ArgumentParser, f: Any) -> None:
+    """One settings field as ``parser``'s option, as TRL's parser declares it (``--name`` and ``--name-with-dashes``,
+    ``--no_flag`` for a flag that is on by default, a list as ``nargs="+"``), or a positional one where its metadata
+    says ``positional``, or a flag that takes no value where it says ``flag`` (TRL's ``--flag [true|false]`` would
+    take a positional that follows it for its value)."""
+    from trl import TrlParser
+
+    if f.metadata.get("positional"):
+        parser.add_argument(
+            f.name, nargs="*", metavar=f.metadata.get("metavar"), default=f.default_factory(), help=f.metadata["help"]
+        )
+    elif f.metadata.get("flag"):
+        names = [f"--{f.name}", *([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])]
+        parser.add_argument(*names, action="store_true", default=f.default, help=f.metadata["help"])
+    else:
+        TrlParser._parse_dataclass_field(parser, f)
+
+
+def _add_settings(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Every field of ``cls`` as an option of ``parser``, and ``--config``."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.init:
+            f.type = hints[f.name]  # resolved, as TRL's parser resolves it
+            _add_field(parser, f)
+    # TrlParser reads --config itself before parsing; declared here too so that --help lists it.
+    parser.add_argument(
+        "--config", metavar="YAML", default=argparse.SUPPRESS,
+        help="a YAML file of these settings; flags given as well win",
+    )  # fmt: skip
+
+
+def _parse_settings(cls: type, prog: str, argv: Sequence[str], description: str | None = None) -> Any:
     """A settings dataclass from flags and an optional ``--config`` YAML (TRL's parser: flags win); a mistake
-    (unknown flag, bad value, unreadable YAML) exits with one line before anything is loaded."""
+    (unknown flag, bad value, a value the settings class refuses, unreadable YAML) exits with one line before
+    anything is loaded."""
     import yaml
     from trl import TrlParser
 
     class Parser(TrlParser):
         error = _Parser.error
 
-    parser = Parser(cls, prog=prog, formatter_class=_HelpFormatter)
-    # TrlParser reads --config itself before parsing; declared here too so that --help lists it.
-    parser.add_argument(
-        "--config", metavar="YAML", default=argparse.SUPPRESS,
-        help="a YAML file of these settings; flags given as well win",
-    )  # fmt: skip
+        def _add_dataclass_arguments(self, dtype: Any) -> None:
+            _add_settings(self, dtype)
+
+    parser = Parser(cls, prog=prog, description=description, formatter_class=_HelpFormatter)
     argv = [part for a in argv for part in (a.split("=", 1) if a.startswith("--config=") else [a])]
     if argv.count("--config") > 1 or (argv and argv[-1] == "--config"):  # TRL's reader takes one, with a path
         parser.error("--config takes one YAML file: --config PATH")
@@ -80,26 +249,13 @@ def _parse_settings(cls: type, prog: str, argv: Sequence[str]) -> Any:
     return config
 
 
-def _add_episode_settings(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
-    """A flag per episode setting (:class:`~envace_gym.episode.EpisodeSettings`, its help), ``--max-errors`` for
-    ``max_errors``; a flag not given is left out of the parsed namespace, so the setting keeps its default."""
-    import typing
-    from dataclasses import fields
-
-    from ..episode.config import EpisodeSettings
-
-    hints = typing.get_type_hints(EpisodeSettings)
-    for f in fields(EpisodeSettings):
-        if f.name in skip:
-            continue
-        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=argparse.SUPPRESS,
-            choices=f.metadata.get("choices"), help=f.metadata["help"],
-        )  # fmt: skip
+def parse_command(argv: Sequence[str]) -> tuple[str, Any]:
+    """``envace <command> ...``: the command and its settings object (a dataclass of :func:`settings_class`)."""
+    command = argv[0]
+    return command, _parse_settings(settings_class(command), f"envace {command}", argv[1:], DESCRIPTIONS.get(command))
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo(args: Any) -> int:
     from ..domains.registry import make_domain
     from ..policy.factory import make_policy
     from ..policy.transformers import check_model_source
@@ -120,7 +276,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench(args: Any) -> int:
     from ..policy.transformers import check_model_source
     from ..recipes.bench import format_table, machine_line, run_backend_bench, run_bench
 
@@ -152,7 +308,7 @@ def _bench(args: argparse.Namespace) -> int:
     )
 
 
-def _bench_train(args: argparse.Namespace) -> int:
+def _bench_train(args: Any) -> int:
     from ..recipes.bench import format_table, machine_line
     from ..recipes.bench_train import run_train_bench
 
@@ -177,21 +333,20 @@ def _report(table: str, out: str | None) -> int:
     return 0
 
 
-def _eval(args: argparse.Namespace) -> int:
+def _eval(config: Any) -> int:
     from ..recipes.eval import run_eval
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("func", "command", "no_fidelity")}
-    run_eval(**settings, fidelity=not args.no_fidelity)
+    run_eval(config)
     return 0
 
 
-def _train(argv: Sequence[str]) -> int:
-    from ..recipes.train import TrainConfig, train
+def _train(config: Any) -> int:
+    from ..recipes.train import train
     from ..training.distributed import end_distributed
 
     from accelerate import PartialState
 
-    summary = train(_parse_settings(TrainConfig, "envace train", argv))
+    summary = train(config)
     if PartialState().is_main_process:  # under `accelerate launch`: once, by the process that wrote them
         curves = summary["plot"] or "not drawn (matplotlib is not installed, or no step logged a curve's value)"
         print(f"final model: {summary['final_model']}\nmetrics: {summary['metrics']}\ncurves: {curves}")
@@ -200,14 +355,14 @@ def _train(argv: Sequence[str]) -> int:
     return 0
 
 
-def _experiment(argv: Sequence[str]) -> int:
-    from ..recipes.experiment import ExperimentConfig, run_experiment
+def _experiment(config: Any) -> int:
+    from ..recipes.experiment import run_experiment
 
-    run_experiment(_parse_settings(ExperimentConfig, "envace experiment", argv))
+    run_experiment(config)
     return 0
 
 
-def _checklists(args: argparse.Namespace) -> int:
+def _checklists(args: Any) -> int:
     from ..domains.checklists import write_checklists
     from ..domains.judge import TransformersJudge
     from ..domains.registry import make_domain
@@ -232,7 +387,7 @@ def _checklists(args: argparse.Namespace) -> int:
     return 0
 
 
-def _domains(args: argparse.Namespace) -> int:
+def _domains(args: Any) -> int:
     from ..domains.registry import describe_domain, list_domains
 
     if args.check:
@@ -291,180 +446,18 @@ def _print_domain_check(name: str, rewards: int, *, named: bool) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``envace``'s parser: a subcommand per :data:`COMMANDS`, its options its settings class's fields (what
+    :func:`main` parses them with, :func:`parse_command`, builds the same options)."""
     parser = _Parser(prog="envace", description="World rehearsal (EnvACE) for tool-using LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="watch the policy rehearse a domain's tools next to the real ones")
-    demo.add_argument("--domain", default="bank", help="built-in domain name or domain folder")
-    demo.add_argument("--episodes", type=int, default=3, help="number of episodes")
-    demo.add_argument(
-        "--act", choices=["reference", "policy"], default="reference",
-        help="who writes the Act turns: the task's reference solution (default) or the policy",
-    )  # fmt: skip
-    demo.add_argument(
-        "--model",
-        default=None,
-        help="model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a random test model",
-    )
-    demo.add_argument("--seed", type=int, default=0, help="seed of the first episode's task draw")
-    demo.add_argument(
-        "--on-invalid",
-        choices=["terminate", "feedback"],
-        default="feedback",
-        help="what an invalid call or rehearsal does (default: feedback, so every call is shown)",
-    )
-    demo.add_argument("--max-new-tokens", type=int, default=96, help="token budget per generation")
-    demo.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
-    demo.add_argument(
-        "--rehearsal-mode", choices=["separate", "inline"], default="separate",
-        help="separate: a fresh simulator prompt per call (the paper's, default); inline: the policy continues its own chat",
-    )  # fmt: skip
-    demo.add_argument(
-        "--backend", default="transformers", choices=["transformers", "vllm"],
-        help="generate with transformers, or with a vLLM engine (the vllm extra)",
-    )  # fmt: skip
-    demo.set_defaults(func=_demo)
-
-    bench = sub.add_parser(
-        "bench", help="measure rollout speed against raw generation, or (--train) training speed (ratios, side by side)"
-    )
-    bench.add_argument(
-        "--model",
-        default=None,
-        help="model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a quick look",
-    )
-    bench.add_argument("--domain", default="bank", help="domain of the rollout measures (default: bank)")
-    bench.add_argument(
-        "--backend", default="transformers", choices=["transformers", "vllm"],
-        help="vllm: rollout tokens/s of a vLLM engine against transformers on the same episodes, instead",
-    )  # fmt: skip
-    bench.add_argument(
-        "--episodes",
-        type=int,
-        default=None,
-        help="episodes of the Act-turn workload (default: 16; the rehearsal workload uses 8)",
-    )
-    bench.add_argument(
-        "--max-new-tokens", type=int, default=None, help="token budget of Act turns and rehearsals (default: 48)"
-    )
-    bench.add_argument(
-        "--turns", type=int, default=None, help="turns of the long episodes in the turn-cost measure (default: 8)"
-    )
-    bench.add_argument(
-        "--train",
-        action="store_true",
-        help="measure training instead: the shared-prefix forward against the plain per-row forward (SFT, GRPO)",
-    )
-    bench.add_argument(
-        "--work-dir", default=None, help="--train: keep rollouts and results here, so a rerun resumes (default: none)"
-    )
-    bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    bench.add_argument("--seed", type=int, default=0, help="seed of the task draw and of generation")
-    bench.add_argument("--out", default=None, help="also write the table (markdown) to this file")
-    bench.set_defaults(func=_bench)
-
-    evaluate = sub.add_parser("eval", help="success rate with the real executor, and rehearsal fidelity")
-    evaluate.add_argument(
-        "--domain", default="bank", help="domain name, folder or dataset file (envace domains lists the names)"
-    )
-    evaluate.add_argument(
-        "--model", default=None,
-        help="model folder or hub id; default: the embedded SmolLM2-135M; 'tiny' for a random test model",
-    )  # fmt: skip
-    evaluate.add_argument(
-        "--backend", default="transformers", choices=["transformers", "vllm"],
-        help="generate with transformers, or with a vLLM engine (the vllm extra; a model folder or hub id)",
-    )  # fmt: skip
-    evaluate.add_argument("--split", default="test", choices=["train", "test"], help="which tasks to evaluate on")
-    evaluate.add_argument("--num-tasks", type=int, default=50, help="the first N tasks of the split")
-    evaluate.add_argument(
-        "--max-new-tokens", type=int, default=128, help="token budget of each Act turn and each rehearsal"
-    )
-    evaluate.add_argument(
-        "--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (the paper evaluates at 0.6)"
-    )
-    evaluate.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling (the paper: 0.95)")
-    evaluate.add_argument(
-        "--no-fidelity", action="store_true",
-        help="skip the rehearsal-fidelity passes (reference calls with and without their own results, the "
-        "policy's own calls: each rehearsed and compared with the real results)",
-    )  # fmt: skip
-    evaluate.add_argument("--seed", type=int, default=0, help="seed of the generation batches")
-    evaluate.add_argument(
-        "--trials", type=int, default=1,
-        help="episodes per task (each its own seed): reports tau2-Bench's pass^1 .. pass^k; sample (--temperature) "
-        "or use a sampled user, or every trial is the same",
-    )  # fmt: skip
-    _add_episode_settings(evaluate, skip=("executor", "p_real"))  # evaluation chooses the executor (EVALUATION_SETS)
-    evaluate.add_argument(
-        "--agent-prompt", choices=["envace", "tau2"], default=None,
-        help="a tau2:* domain's agent system prompt: a short instruction and the policy, or tau2-Bench's own agent "
-        "prompt (for figures beside tau2's) (default: envace)",
-    )  # fmt: skip
-    evaluate.add_argument(
-        "--rehearse", nargs="+", choices=["parallel", "sequential"], default=None,
-        help="rehearse privately before each committed Act turn (one or both modes)",
-    )  # fmt: skip
-    evaluate.add_argument(
-        "--budget", nargs="+", type=int, default=[2], help="N, rehearsals per committed turn (several: a table)"
-    )
-    evaluate.add_argument("--horizon", type=int, default=3, help="imagined Act turns per rehearsal")
-    evaluate.add_argument(
-        "--commit", nargs="+", choices=["memory", "select", "outcome"], default=["memory"],
-        help="how the committed turn follows the rehearsals: written with their memory before it, the first "
-        "turn of the first rehearsal the policy's assessment kept (none kept: plain acting), or the first turn of "
-        "the rehearsal whose imagined outcome ranks best (an answer, fewer errors, fewer turns); several: a table",
-    )  # fmt: skip
-    evaluate.add_argument("--out", default=None, help="also write the result(s) as JSON")
-    evaluate.set_defaults(func=_eval)
-
-    sub.add_parser("train", help="train: sft, rehearsal (EnvACE) or real-tools (baseline); see 'envace train --help'")
-    sub.add_parser("experiment", help="the learning comparison behind docs/results.md; see 'envace experiment --help'")
-
-    checklists = sub.add_parser(
-        "checklists", help="derive checklists (calls to make, facts to tell) from a dataset's references, for review"
-    )
-    checklists.add_argument("--domain", required=True, help="a dataset file or folder, or any domain name")
-    checklists.add_argument("--out", required=True, help="the JSONL file to write (EnvACE-format rows)")
-    checklists.add_argument(
-        "--model", default=None,
-        help="judge model folder or hub id, in process; default: the embedded SmolLM2-135M; 'tiny' for a test",
-    )  # fmt: skip
-    checklists.add_argument(
-        "--base-url", default=None, help="an OpenAI-compatible endpoint instead, e.g. http://localhost:30000/v1"
-    )
-    checklists.add_argument("--judge-model", default=None, help="the endpoint's model name (with --base-url)")
-    checklists.add_argument(
-        "--split", nargs="+", choices=["train", "test"], default=["train", "test"], help="which tasks to write"
-    )
-    checklists.set_defaults(func=_checklists)
-
-    domains = sub.add_parser(
-        "domains", help="list the registered domains",
-        description="List the registered domains, one line each: the factory's `description`, else its docstring's "
-        "first sentence. Nothing is built, and a 'module:attr' factory (the built-in domains, entry points) is read "
-        "from its module's source rather than imported, so the list is instant even for benchmark families whose "
-        "data takes seconds to load. --details, or naming domains, builds them and counts their tools and tasks (a "
-        "generator's tasks are built to be counted). --check runs the domain check on every task: tool schemas "
-        "(misspelt keywords, required names no property defines), reference calls against their schemas and "
-        "whitelist, recorded results against the real executor, and the reward of the reference solution on a "
-        "sample; it exits with 1 when there is an error.",
-    )  # fmt: skip
-    domains.add_argument(
-        "names", nargs="*", metavar="NAME",
-        help="domains to build and describe in detail (any --domain value: bfcl:parallel, tau2:airline, a folder)",
-    )  # fmt: skip
-    domains.add_argument(
-        "--details", action="store_true", help="build every registered domain and print its tool and task counts"
-    )
-    domains.add_argument(
-        "--check", action="store_true", help="check the named domains (all registered ones, without names) in full"
-    )
-    domains.add_argument(
-        "--rewards", type=int, default=20, help="with --check: tasks per split whose reference solution is scored"
-    )
-    domains.set_defaults(func=_domains)
+    for command, help in COMMANDS.items():
+        command_parser = sub.add_parser(command, help=help, description=DESCRIPTIONS.get(command))
+        _add_settings(command_parser, settings_class(command))
     return parser
+
+
+RUN = {"demo": _demo, "bench": _bench, "eval": _eval, "train": _train, "experiment": _experiment,
+       "checklists": _checklists, "domains": _domains}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -472,10 +465,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] in ("train", "experiment"):  # dataclass-driven, with --config YAML (TRL's parser)
-            return (_train if argv[0] == "train" else _experiment)(argv[1:])
-        args = build_parser().parse_args(argv)
-        return args.func(args)
+        if not argv or argv[0] not in COMMANDS:  # no command, --help, or a mistyped one: the parser says so
+            build_parser().parse_args(argv)
+            return 2
+        command, config = parse_command(argv)
+        return RUN[command](config)
     except EnvACEError as exc:
         print(f"envace: error: {exc}", file=sys.stderr)
         return 2

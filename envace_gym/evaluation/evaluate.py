@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -93,6 +93,19 @@ def pass_hat_k(successes: Sequence[Sequence[bool]], k: int) -> float:
     return sum(chances) / len(chances) if chances else float("nan")
 
 
+def check_evaluation_settings(num_tasks: int, trials: int, settings: Mapping[str, Any]) -> None:
+    """What evaluation refuses (``ValueError``), for :func:`evaluate` and ``envace eval`` alike: the episode
+    settings it chooses itself (:data:`EVALUATION_SETS`), a user that would be trained (``user="rehearse"``), and
+    fewer than one task or trial. ``settings``: the episode settings given, by name."""
+    if settings.get("user") == "rehearse":
+        raise ValueError("user='rehearse' trains the user's turns and evaluation trains nothing: use user='llm'")
+    fixed = sorted(set(settings) & set(EVALUATION_SETS))
+    if fixed:
+        raise ValueError(f"evaluation sets {', '.join(fixed)} itself (real execution, its own sampling)")
+    if num_tasks < 1 or trials < 1:
+        raise ValueError(f"num_tasks and trials must be at least 1, got {num_tasks} and {trials}")
+
+
 def _pass_progress(progress: Progress, before: int, total: int, label: str) -> Progress:
     """A pass that follows ``before`` episodes of ``total`` in all passes: its own named bar, or the callback
     counting over all passes."""
@@ -143,13 +156,7 @@ def evaluate(
     measure is simulation, not whether the answer's format could be guessed; ``False``: nothing in its place.
     """
     user = settings.get("user", "scripted")
-    if user == "rehearse":
-        raise ValueError("user='rehearse' trains the user's turns and evaluation trains nothing: use user='llm'")
-    fixed = sorted(set(settings) & set(EVALUATION_SETS))
-    if fixed:
-        raise ValueError(f"evaluation sets {', '.join(fixed)} itself (real execution, its own sampling)")
-    if num_tasks < 1 or trials < 1:
-        raise ValueError(f"num_tasks and trials must be at least 1, got {num_tasks} and {trials}")
+    check_evaluation_settings(num_tasks, trials, settings)
     dom = make_domain(domain)
     tasks = list(dom.tasks(split)[: min(num_tasks, len(dom.tasks(split)))]) if tasks is None else list(tasks)
     sampling, rehearsal = rollout_sampling(max_new_tokens, temperature, top_p)

@@ -1,12 +1,12 @@
 """Reading model text: the Act turn's tool calls, in each model family's format, and the Rehearse turn's result.
 
-No torch here. :mod:`.act` reads the default (Hermes) format and ``<execution_result>``; :mod:`.formats`
-holds one :class:`ToolCallFormat` per model family.
+No torch here. :mod:`.act` holds the contract every reader keeps (limits, strict JSON, :class:`ParsedAct`) and
+reads ``<execution_result>``; :mod:`.formats` holds one :class:`ToolCallFormat` per model family, the default
+(Hermes) one's reader being :func:`parse_act`.
 """
 
 from __future__ import annotations
 
-from ..tools.canonical import call_key, canonical, canonical_json  # their home before 0.2
 from .act import (
     DEFAULT_LIMITS,
     RESULT_CLOSE,
@@ -18,16 +18,12 @@ from .act import (
     ParsedResult,
     format_act,
     loads_json,
-    parse_act,
     parse_execution_result,
     parse_result_json,
 )
-from .formats import FORMATS, ToolCallFormat, detect_format, tool_call_format
+from .formats import FORMATS, ToolCallFormat, detect_format, parse_act, tool_call_format
 
 __all__ = [
-    "call_key",
-    "canonical",
-    "canonical_json",
     "DEFAULT_LIMITS",
     "FORMATS",
     "Limits",

@@ -1,4 +1,6 @@
-"""Reading model text: the Act turn's tool calls and the Rehearse turn's ``<execution_result>``.
+"""Reading model text: the contract every reader keeps (:class:`Limits`, :func:`loads_json`, :class:`ParsedAct`)
+and the Rehearse turn's ``<execution_result>``. The Act turn's tool calls are read in :mod:`.formats` (Hermes's
+``<tool_call>`` blocks by :func:`~envace_gym.parsing.formats.parse_act`, the other families' beside it).
 
 Every function here takes untrusted text and returns data or a typed :class:`~envace_gym.errors.ToolError`;
 none raises on model output and none evaluates it (JSON only, with ``NaN``/``Infinity`` refused).
@@ -14,7 +16,7 @@ from typing import Any
 
 from ..errors import ErrorCode, ToolError
 from ..text import strict_loads
-from ..tools.schema import ToolCall, call_from_json
+from ..tools.schema import ToolCall
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<execution_result>", "</execution_result>"
@@ -114,76 +116,8 @@ def loads_json(text: str, limits: Limits = DEFAULT_LIMITS) -> tuple[Any, ToolErr
         return None, ToolError(ErrorCode.INVALID_TOOL_CALL_FORMAT, f"invalid JSON: {exc}"[:300])
 
 
-def parse_act(text: str, limits: Limits = DEFAULT_LIMITS) -> ParsedAct:
-    """Read an Act turn written in the Hermes/Qwen format.
-
-    Accepts any number of ``<tool_call>`` blocks, each holding one call object or a JSON list of them;
-    ``"parameters"`` is an alias of ``"arguments"``. Text outside the blocks is the turn's ``content``;
-    a turn without blocks is a final answer.
-    """
-    if not isinstance(text, str):
-        return ParsedAct(str(text), "", error=ToolError(ErrorCode.INVALID_TOOL_CALL_FORMAT, "an action must be text"))
-    if len(text) > limits.max_action_chars:
-        return ParsedAct(
-            text[:200],
-            "",
-            error=ToolError(
-                ErrorCode.LIMIT_EXCEEDED,
-                f"action of {len(text)} characters exceeds the limit of {limits.max_action_chars}",
-                {"limit": "max_action_chars", "value": len(text)},
-            ),
-        )
-    calls: list[ToolCall] = []
-    content_parts: list[str] = []
-    pos = 0
-    while True:
-        start = text.find(TOOL_CALL_OPEN, pos)
-        stray_close = text.find(TOOL_CALL_CLOSE, pos)
-        if stray_close != -1 and (start == -1 or stray_close < start):
-            return _bad(text, calls, f"{TOOL_CALL_CLOSE} without a matching {TOOL_CALL_OPEN}")
-        if start == -1:
-            content_parts.append(text[pos:])
-            break
-        content_parts.append(text[pos:start])
-        end = text.find(TOOL_CALL_CLOSE, start + len(TOOL_CALL_OPEN))
-        if end == -1:
-            return _bad(text, calls, f"{TOOL_CALL_OPEN} is never closed by {TOOL_CALL_CLOSE}")
-        body = text[start + len(TOOL_CALL_OPEN) : end].strip()
-        pos = end + len(TOOL_CALL_CLOSE)
-        if TOOL_CALL_OPEN in body:
-            return _bad(text, calls, f"nested {TOOL_CALL_OPEN} blocks")
-        if not body:
-            return _bad(text, calls, "empty <tool_call> block")
-        value, error = loads_json(body, limits)
-        if error is not None:
-            return ParsedAct(text, "", tuple(calls), error)
-        for obj in value if isinstance(value, list) else [value]:
-            call = call_from_json(obj, lambda text: loads_json(text, limits))
-            if isinstance(call, ToolError):
-                return ParsedAct(text, "", tuple(calls), call)
-            calls.append(call)
-            if len(calls) > limits.max_calls_per_turn:
-                return ParsedAct(
-                    text,
-                    "",
-                    tuple(calls[: limits.max_calls_per_turn]),
-                    ToolError(
-                        ErrorCode.LIMIT_EXCEEDED,
-                        f"more than {limits.max_calls_per_turn} tool calls in one turn",
-                        {"limit": "max_calls_per_turn"},
-                    ),
-                )
-        if isinstance(value, list) and not value:
-            return _bad(text, calls, "empty list of tool calls")
-    return ParsedAct(text, "".join(content_parts).strip(), tuple(calls))
-
-
-def _bad(text: str, calls: list[ToolCall], message: str) -> ParsedAct:
-    return ParsedAct(text, "", tuple(calls), ToolError(ErrorCode.INVALID_TOOL_CALL_FORMAT, message))
-
-
 def format_act(content: str, calls: tuple[ToolCall, ...] | list[ToolCall] = ()) -> str:
-    """The Act text that writes ``content`` then ``calls``: the inverse of :func:`parse_act`."""
+    """The Act text that writes ``content`` then ``calls``: the inverse of :func:`~envace_gym.parsing.parse_act`."""
     parts = [content.strip()] if content.strip() else []
     parts += [c.to_text() for c in calls]
     return "\n".join(parts)
@@ -279,7 +213,6 @@ __all__ = [
     "ParsedResult",
     "format_act",
     "loads_json",
-    "parse_act",
     "parse_execution_result",
     "parse_result_json",
 ]

@@ -5,7 +5,7 @@ as :func:`~envace_gym.parsing.parse_act`: bounded, never raising, never evaluati
 ``INVALID_TOOL_CALL_FORMAT`` (``LIMIT_EXCEEDED`` past a bound). Built in:
 
 ==============  ===================================================================================
-``hermes``      ``<tool_call>{"name", "arguments"}</tool_call>`` (Hermes, Qwen2.5, SmolLM2 here): ``parse_act``
+``hermes``      ``<tool_call>{"name", "arguments"}</tool_call>`` (Hermes, Qwen2.5, SmolLM2 here): :func:`parse_act`
 ``qwen3``       the same after a ``<think>…</think>`` block (Qwen3's thinking templates)
 ``llama3_json`` a bare ``{"name", "parameters"}`` object (Llama 3.1 / 3.2), ``<|python_tag|>`` optional
 ``mistral``     ``[TOOL_CALLS][{...}]`` (v3 tokenizers) or ``[TOOL_CALLS]name[ARGS]{...}`` (v11 and later)
@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import ErrorCode, PolicyError, ToolError
 from ..text import clean_text
 from ..tools.schema import ToolCall, call_from_json
-from .act import DEFAULT_LIMITS, Limits, ParsedAct, loads_json, parse_act
+from .act import DEFAULT_LIMITS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Limits, ParsedAct, loads_json
 
 #: ``act_tokens`` value that keeps every special token of a generated turn (the tokenizer's own parser reads them).
 ALL_SPECIAL_TOKENS = ("*",)
@@ -65,9 +65,17 @@ class ToolCallFormat:
 
     def parse(self, text: Any, limits: Limits = DEFAULT_LIMITS, schemas: Schemas | None = None) -> ParsedAct:
         """Read one Act turn (see the module docstring for the contract)."""
-        if not isinstance(text, str) or len(text) > limits.max_action_chars:
-            return parse_act(text, limits)  # the shared refusals: not text, or too long
-        return self.read(text, limits, schemas)
+        return _refused(text, limits) or self.read(text, limits, schemas)
+
+
+def parse_act(text: Any, limits: Limits = DEFAULT_LIMITS) -> ParsedAct:
+    """Read an Act turn written in the Hermes/Qwen format (the ``hermes`` format's :meth:`ToolCallFormat.parse`).
+
+    Accepts any number of ``<tool_call>`` blocks, each holding one call object or a JSON list of them;
+    ``"parameters"`` is an alias of ``"arguments"``. Text outside the blocks is the turn's ``content``;
+    a turn without blocks is a final answer.
+    """
+    return _refused(text, limits) or _read_hermes(text, limits, None)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -75,6 +83,23 @@ class ToolCallFormat:
 # ----------------------------------------------------------------------------------------------------
 def _bad(text: str, calls: list[ToolCall], message: str, code: ErrorCode = ErrorCode.INVALID_TOOL_CALL_FORMAT):
     return ParsedAct(text, "", tuple(calls), ToolError(code, message[:300]))
+
+
+def _refused(text: Any, limits: Limits) -> ParsedAct | None:
+    """The refusals every format shares: a turn that is not text, or longer than ``max_action_chars``."""
+    if not isinstance(text, str):
+        return ParsedAct(str(text), "", error=ToolError(ErrorCode.INVALID_TOOL_CALL_FORMAT, "an action must be text"))
+    if len(text) > limits.max_action_chars:
+        return ParsedAct(
+            text[:200],
+            "",
+            error=ToolError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"action of {len(text)} characters exceeds the limit of {limits.max_action_chars}",
+                {"limit": "max_action_chars", "value": len(text)},
+            ),
+        )
+    return None
 
 
 def strip_think(text: str) -> str:
@@ -195,11 +220,18 @@ def _blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[str], list[s
 # The formats
 # ----------------------------------------------------------------------------------------------------
 def _read_hermes(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-    return parse_act(text, limits)  # exactly the default model's parser
+    content, bodies, error = _blocks(text, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+    calls = _Calls(text, limits)
+    for body in bodies:  # the blocks before a structural fault are read first: their calls go in the record
+        if not body.strip():
+            return _bad(text, calls.calls, "empty <tool_call> block")
+        if not calls.add_json(body):
+            return calls.result("")
+    return _bad(text, calls.calls, error) if error else calls.result("".join(content))
 
 
 def _read_qwen3(text: str, limits: Limits, schemas: Schemas | None) -> ParsedAct:
-    return parse_act(strip_think(text), limits)  # Hermes calls after the thinking block
+    return _read_hermes(strip_think(text), limits, schemas)  # Hermes calls after the thinking block
 
 
 _LLAMA_CALL = re.compile(r'[\[{]\s*(?:\{\s*)?"(?:name|type)"\s*:')
@@ -506,4 +538,12 @@ def tool_call_format(
     return detect_format(template)
 
 
-__all__ = ["FORMATS", "ToolCallFormat", "detect_format", "response_parser_format", "strip_think", "tool_call_format"]
+__all__ = [
+    "FORMATS",
+    "ToolCallFormat",
+    "detect_format",
+    "parse_act",
+    "response_parser_format",
+    "strip_think",
+    "tool_call_format",
+]

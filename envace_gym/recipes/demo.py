@@ -9,7 +9,8 @@ role) or from the policy (``--act policy``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -114,3 +115,45 @@ def run_demo(
         f"mean reward {mean:.2f}: {whose}\n"
     )
     return stats
+
+
+_RUN_DEMO = inspect.signature(run_demo).parameters  # run_demo()'s defaults are the command's: declared once
+
+
+def _runs_demo(name: str, help: str, **metadata: Any) -> Any:
+    return field(default=_RUN_DEMO[name].default, metadata={"help": help, **metadata})
+
+
+@dataclass
+class DemoConfig:
+    """``envace demo``'s settings: :func:`run_demo`'s, and the backend that generates."""
+
+    domain: str = _runs_demo("domain", "built-in domain name or domain folder")
+    episodes: int = _runs_demo("episodes", "number of episodes")
+    act: str = _runs_demo(
+        "act", "who writes the Act turns: the task's reference solution or the policy", choices=["reference", "policy"]
+    )
+    model: str | None = field(
+        default=None,
+        metadata={"help": "model path or hub id; default: the embedded SmolLM2-135M; 'tiny' for a random test model"},
+    )
+    seed: int = _runs_demo("seed", "seed of the first episode's task draw")
+    on_invalid: str = _runs_demo(
+        "on_invalid",
+        "what an invalid call or rehearsal does (feedback, the default here: every call is shown)",
+        choices=["terminate", "feedback"],
+    )
+    max_new_tokens: int = _runs_demo("max_new_tokens", "token budget per generation")
+    temperature: float = _runs_demo("temperature", "sampling temperature; 0 is greedy")
+    rehearsal_mode: str = _runs_demo(
+        "rehearsal_mode",
+        "separate: a fresh simulator prompt per call (the paper's); inline: the policy continues its own chat",
+        choices=["separate", "inline"],
+    )
+    backend: str = field(
+        default="transformers",
+        metadata={
+            "help": "generate with transformers, or with a vLLM engine (the vllm extra)",
+            "choices": ["transformers", "vllm"],
+        },
+    )

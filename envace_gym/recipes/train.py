@@ -25,13 +25,21 @@ from ..episode.config import EpisodeSettings
 from ..policy.precision import DTYPES, dtype_name, resolve_dtype
 from ..training.memory import return_freed_memory
 from ..training.options import checkpointing, lora_config, train_top_layers, use_cpu
-from ..training.packing import DEFAULT_PACK_TOKENS
 from ..training.sft import FROM_SCRATCH_WARM_START, PRETRAINED_WARM_START, WarmStartSettings
+from ..training.trainer import TrainerConfig
 
 MODES = ("rehearsal", "real-tools", "sft")
 WARM_STARTS = ("none", "sft")
 REAL_TOOLS_SETTINGS = ("max_turns", "on_invalid", "reward")  # the episode settings TRL's tool loop honours
 DEFAULT_GRPO_STEPS = 20
+
+
+def _as_trainer(name: str, help: str | None = None, **metadata: Any) -> Any:
+    """A setting the pure-torch trainer's :class:`~envace_gym.training.trainer.TrainerConfig` declares: its default
+    and help, declared there once (``help`` where this command says more; ``metadata`` adds ``choices``)."""
+    declared = TrainerConfig.__dataclass_fields__[name]
+    metadata = {**declared.metadata, **({"help": help} if help else {}), **metadata}
+    return field(default=declared.default, metadata=metadata)
 
 
 @dataclass
@@ -63,22 +71,18 @@ class TrainConfig(EpisodeSettings):
     )
 
     # Parameters that control the rollouts
-    tasks_per_step: int = field(
-        default=2,
-        metadata={
-            "help": "Tasks per GRPO batch, over all processes; each gives a group of group_size episodes "
-            "(under accelerate, tasks_per_step x group_size must divide by the number of processes)."
-        },
+    tasks_per_step: int = _as_trainer(
+        "tasks_per_step",
+        "Tasks per GRPO batch, over all processes; each gives a group of group_size episodes (under accelerate, "
+        "tasks_per_step x group_size must divide by the number of processes).",
     )
-    group_size: int = field(default=4, metadata={"help": "Episodes per task: the G of GRPO (TRL's num_generations)."})
-    max_new_tokens: int = field(
-        default=128,
-        metadata={
-            "help": "Token budget of each Act turn and rehearsal (TRL's max_completion_length). real-tools: TRL "
-            "spends its completion budget on the whole multi-turn completion, so it gets max_new_tokens x max_turns."
-        },
+    group_size: int = _as_trainer("group_size")
+    max_new_tokens: int = _as_trainer(
+        "max_new_tokens",
+        "Token budget of each Act turn and rehearsal (TRL's max_completion_length). real-tools: TRL spends its "
+        "completion budget on the whole multi-turn completion, so it gets max_new_tokens x max_turns.",
     )
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of training rollouts."})
+    temperature: float = _as_trainer("temperature")
     # Parameters that control the training
     steps: int | None = field(
         default=None,
@@ -87,7 +91,7 @@ class TrainConfig(EpisodeSettings):
             "top of --sft_epochs (default: none, the epochs rule)."
         },
     )
-    learning_rate: float = field(default=1e-5, metadata={"help": "Learning rate."})
+    learning_rate: float = _as_trainer("learning_rate")
     lr_scheduler_type: str = field(
         default="linear",
         metadata={"help": "transformers' schedule: linear (to 0 at the last step), constant, constant_with_warmup, ..."},
@@ -96,15 +100,10 @@ class TrainConfig(EpisodeSettings):
         default=0,
         metadata={"help": "transformers' warmup: steps (an integer) or a share of all steps (a float below 1)."},
     )
-    beta: float = field(
-        default=0.0, metadata={"help": "KL coefficient against the starting model (the paper: 1e-4 or 0)."}
-    )
-    epsilon: float = field(default=0.2, metadata={"help": "GRPO: PPO clip range epsilon."})
-    delta: float | None = field(
-        default=3.0,
-        metadata={"help": "GRPO: cap on the ratio of negative-advantage tokens, the paper's dual-clip c; null: none."},
-    )
-    seed: int = field(default=0, metadata={"help": "Random seed."})
+    beta: float = _as_trainer("beta")
+    epsilon: float = _as_trainer("epsilon")
+    delta: float | None = _as_trainer("delta")
+    seed: int = _as_trainer("seed")
 
     # Parameters that control which weights train
     lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
@@ -150,13 +149,11 @@ class TrainConfig(EpisodeSettings):
             "trainer's weights once per step, its sampling corrected for (needs envace-gym[vllm]; docs/training.md)."
         },
     )
-    dtype: str = field(
-        default="auto",
-        metadata={
-            "help": "Compute dtype: auto (bfloat16 where the hardware has native bfloat16: a GPU that supports it, a "
-            "CPU with avx512_bf16 or AMX; float32 elsewhere), float32, bfloat16. The resolved one is recorded.",
-            "choices": DTYPES,
-        },
+    dtype: str = _as_trainer(
+        "dtype",
+        "Compute dtype: auto (bfloat16 where the hardware has native bfloat16: a GPU that supports it, a CPU with "
+        "avx512_bf16 or AMX; float32 elsewhere), float32, bfloat16. The resolved one is recorded.",
+        choices=DTYPES,
     )
     gradient_checkpointing: bool = field(
         default=False,
@@ -165,12 +162,8 @@ class TrainConfig(EpisodeSettings):
             "memory to the OS at once: far less memory, some more time (docs/performance.md)."
         },
     )
-    shared_prefix: bool = field(
-        default=True, metadata={"help": "Shared-prefix forward: encode the prefix that rows share once (exact)."}
-    )
-    pack_tokens: int = field(
-        default=DEFAULT_PACK_TOKENS, metadata={"help": "Positions per packed forward (bounds one pack's memory)."}
-    )
+    shared_prefix: bool = _as_trainer("shared_prefix")
+    pack_tokens: int = _as_trainer("pack_tokens", "Positions per packed forward (bounds one pack's memory).")
 
     # Parameters that control checkpoints and logging
     save_steps: int = field(default=10, metadata={"help": "Checkpoint every this many steps."})
@@ -340,6 +333,54 @@ def _episodes_per_process(config: TrainConfig) -> int:
     return episodes // processes
 
 
+def trl_args(config: TrainConfig, turns: int, dtype: str) -> Any:
+    """The TRL config that ``config``'s mode trains with (every TRL setting of ``envace train`` is set here):
+    :func:`~envace_gym.integrations.trl.sft_config`'s ``PackedSFTConfig`` for ``sft``, an ``EnvACEGRPOConfig`` (the
+    paper's objective is its defaults) for ``rehearsal``, a ``PackedGRPOConfig`` with that same objective
+    (:func:`~envace_gym.integrations.trl.paper_objective`) for ``real-tools``. ``turns``: the Act turns of an
+    episode; ``dtype``: the resolved compute dtype."""
+    from ..integrations.trl import EnvACEGRPOConfig, PackedGRPOConfig, paper_objective, sft_config
+
+    warmup = int(config.warmup_steps) if config.warmup_steps >= 1 else config.warmup_steps
+    common = dict(
+        learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler_type, warmup_steps=warmup,
+        logging_steps=config.logging_steps, save_steps=config.save_steps, report_to=config.report_to,
+        seed=config.seed, shared_prefix=config.shared_prefix, pack_tokens=config.pack_tokens,
+    )  # fmt: skip
+    if config.mode == "sft":
+        return sft_config(
+            str(Path(config.output_dir)), epochs=config.sft_epochs, batch_size=config.sft_batch_size, max_steps=config.steps or -1,
+            dtype=dtype, gradient_checkpointing=config.gradient_checkpointing, **common,
+        )  # fmt: skip
+    # TRL's tool loop spends `max_completion_length` on the whole multi-turn completion (tool results included);
+    # the collector spends `max_new_tokens` on each generation. Give the baseline a whole episode's worth so both
+    # get the same budget per Act turn, and as many rounds of tool calls as an EnvACE episode has Act turns (TRL's
+    # default: no bound).
+    real_tools = config.mode == "real-tools"
+    grpo = dict(
+        output_dir=str(Path(config.output_dir)),
+        per_device_train_batch_size=_episodes_per_process(config),
+        num_generations=config.group_size,
+        max_completion_length=config.max_new_tokens * (turns if real_tools else 1),
+        **({"max_tool_calling_iterations": turns} if real_tools else {}),
+        temperature=config.temperature,
+        beta=config.beta,
+        epsilon=config.epsilon,
+        delta=config.delta,
+        max_steps=config.grpo_steps,
+        save_strategy="steps",
+        use_cpu=use_cpu(),
+        bf16=dtype == "bfloat16",
+        **checkpointing(config.gradient_checkpointing),
+        use_vllm=config.use_vllm,
+        vllm_mode="colocate",
+        **common,
+    )
+    if real_tools:
+        return PackedGRPOConfig(**{**paper_objective(), **grpo})  # the user's delta over the paper's
+    return EnvACEGRPOConfig(domain=config.domain, **config.episode_settings(), **grpo)
+
+
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run the training ``config`` describes; returns where things were written and the last metrics."""
     from ..policy.transformers import check_model_source
@@ -358,84 +399,30 @@ def train(config: TrainConfig) -> dict[str, Any]:
     path, tokenizer = _model_source(config, domain)
     if config.warm_start == "sft":
         path, tokenizer = _warm_start(config, path, domain, out, compute_dtype)
-    common = dict(
-        output_dir=str(out),
-        learning_rate=config.learning_rate,
-        lr_scheduler_type=config.lr_scheduler_type,
-        warmup_steps=int(config.warmup_steps) if config.warmup_steps >= 1 else config.warmup_steps,
-        logging_steps=config.logging_steps,
-        save_strategy="steps",
-        save_steps=config.save_steps,
-        report_to=config.report_to,
-        use_cpu=use_cpu(),
-        seed=config.seed,
-    )
+    args = trl_args(config, config.max_turns or domain.max_turns, compute_dtype)
+    peft_config = lora_config(config.lora_r) if config.lora else None
     if config.mode == "sft":
         from ..integrations.trl.packed_sft_trainer import run_sft
         from ..training.sft import sft_dataset
 
         dataset = sft_dataset(domain, tokenizer, "train", config.sft_tasks)
         trainer = run_sft(
-            _load_model(path, config.train_layers, instance=True), tokenizer, dataset, str(out), epochs=config.sft_epochs,
-            learning_rate=config.learning_rate, batch_size=config.sft_batch_size, lora=config.lora, lora_r=config.lora_r,
-            report_to=config.report_to, seed=config.seed, max_steps=config.steps or -1,
-            logging_steps=config.logging_steps, save_steps=config.save_steps,
-            resume=(_resume_point(out) or False) if config.resume else False, dtype=compute_dtype,
-            gradient_checkpointing=config.gradient_checkpointing, shared_prefix=config.shared_prefix,
-            pack_tokens=config.pack_tokens, lr_scheduler_type=config.lr_scheduler_type,
-            warmup_steps=common["warmup_steps"],
+            _load_model(path, config.train_layers, instance=True), tokenizer, dataset, args=args, lora=config.lora,
+            lora_r=config.lora_r, resume=(_resume_point(out) or False) if config.resume else False,
         )  # fmt: skip
     else:
-        from ..integrations.trl import (
-            EnvACEGRPOConfig,
-            EnvACEGRPOTrainer,
-            PackedGRPOConfig,
-            PackedGRPOTrainer,
-            RealToolsBaseline,
-        )
+        from ..integrations.trl import EnvACEGRPOTrainer, PackedGRPOTrainer, RealToolsBaseline
 
-        # TRL's tool loop spends `max_completion_length` on the whole multi-turn completion (tool results
-        # included); the collector spends `max_new_tokens` on each generation. Give the baseline a whole
-        # episode's worth so both get the same budget per Act turn.
-        turns = config.max_turns or domain.max_turns
-        grpo = dict(
-            per_device_train_batch_size=_episodes_per_process(config),
-            num_generations=config.group_size,
-            max_completion_length=config.max_new_tokens * (turns if config.mode == "real-tools" else 1),
-            # ... and as many rounds of tool calls as an EnvACE episode has Act turns (TRL's default: no bound)
-            **({"max_tool_calling_iterations": turns} if config.mode == "real-tools" else {}),
-            temperature=config.temperature,
-            beta=config.beta,
-            epsilon=config.epsilon,
-            delta=config.delta,
-            scale_rewards="none",
-            use_bias_correction_kl=False,  # the paper's k3 KL estimate (matters only with beta > 0)
-            loss_type="dapo",
-            max_steps=config.grpo_steps,
-            bf16=compute_dtype == "bfloat16",
-            **checkpointing(config.gradient_checkpointing),
-            shared_prefix=config.shared_prefix,
-            pack_tokens=config.pack_tokens,
-            use_vllm=config.use_vllm,
-            vllm_mode="colocate",
-            **common,
-        )
         if config.mode == "rehearsal":
-            args = EnvACEGRPOConfig(domain=config.domain, **config.episode_settings(), **grpo)
             trainer = EnvACEGRPOTrainer(
-                model=_load_model(path, config.train_layers),
-                args=args,
-                processing_class=tokenizer,
-                peft_config=lora_config(config.lora_r) if config.lora else None,
-            )
+                model=_load_model(path, config.train_layers), args=args, processing_class=tokenizer,
+                peft_config=peft_config,
+            )  # fmt: skip
         else:
             trainer = PackedGRPOTrainer(
-                model=_load_model(path, config.train_layers),
-                args=PackedGRPOConfig(**grpo),
-                processing_class=tokenizer,
-                peft_config=lora_config(config.lora_r) if config.lora else None,
-                **RealToolsBaseline(domain, config.reward).trainer_kwargs(),
-            )
+                model=_load_model(path, config.train_layers), args=args, processing_class=tokenizer,
+                peft_config=peft_config, **RealToolsBaseline(domain, config.reward).trainer_kwargs(),
+            )  # fmt: skip
         trainer.train(resume_from_checkpoint=_resume_point(out) if config.resume else None)
     from ..integrations.trl.colocated_vllm import engine_dtype, shutdown_engine
 

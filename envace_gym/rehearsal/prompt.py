@@ -1,4 +1,5 @@
-"""The Rehearse role (``separate`` mode, as in the paper) and the routing of calls.
+"""The Rehearse role's prompt and sampling (``separate`` mode, as in the paper); which executor answers a call is
+:mod:`envace_gym.rehearsal.routing`'s.
 
 For each pending tool call the policy gets a *fresh* two-message prompt, not a continuation of the
 agent's chat: a system prompt that makes it a precise tool simulator, and a user message holding the

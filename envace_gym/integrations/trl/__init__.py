@@ -28,12 +28,12 @@ apply are refused by name (``refusals.py``).
 
 from .colocated_vllm import ColocatedVLLMMixin
 from .dataset import task_dataset
-from .envace_grpo_config import EnvACEGRPOConfig
+from .envace_grpo_config import EnvACEGRPOConfig, paper_objective
 from .envace_grpo_trainer import EnvACEGRPOTrainer
 from .packed_grpo_config import PackedGRPOConfig
 from .packed_grpo_trainer import PackedGRPOTrainer
 from .packed_sft_config import PackedSFTConfig
-from .packed_sft_trainer import PackedSFTTrainer, TaskGroupedSampler, run_sft
+from .packed_sft_trainer import PackedSFTTrainer, TaskGroupedSampler, run_sft, sft_config
 from .real_tools import RealToolsBaseline, real_tools_environment, real_tools_reward
 from .rollout_func import envace_reward, make_rollout_func
 from .shared_prefix import SharedPrefixMixin
@@ -55,9 +55,11 @@ __all__ = [
     "WarmStartSettings",
     "envace_reward",
     "make_rollout_func",
+    "paper_objective",
     "real_tools_environment",
     "real_tools_reward",
     "run_sft",
+    "sft_config",
     "task_dataset",
     "tiny_start_model",
     "warm_start",

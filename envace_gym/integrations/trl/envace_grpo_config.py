@@ -4,6 +4,7 @@ defaults, and the settings it refuses, checked when the config is built."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...episode.config import EpisodeSettings
 from ...errors import TrainingConfigError
@@ -69,4 +70,15 @@ class EnvACEGRPOConfig(PackedGRPOConfig, EpisodeSettings):
         refuse_vllm_settings(self, "EnvACEGRPOTrainer")
         refuse_unused(self, UNUSED_BY_ENVACE_TRAINER, "EnvACEGRPOTrainer")
         refuse_sharded(self, "EnvACEGRPOTrainer")
+
+
+# The paper's objective where it differs from GRPOConfig's defaults: EnvACEGRPOConfig's defaults, declared above
+PAPER_OBJECTIVE = ("scale_rewards", "delta", "loss_type", "use_bias_correction_kl")
+
+
+def paper_objective() -> dict[str, Any]:
+    """The paper's objective as GRPOConfig settings (:data:`PAPER_OBJECTIVE`, their defaults in
+    :class:`EnvACEGRPOConfig`): for another GRPO config that trains with the same loss (``envace train``'s
+    real-tools baseline, a ``PackedGRPOConfig``)."""
+    return {name: EnvACEGRPOConfig.__dataclass_fields__[name].default for name in PAPER_OBJECTIVE}
 

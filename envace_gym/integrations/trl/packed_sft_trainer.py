@@ -134,23 +134,17 @@ def _completion_rows(inputs: dict[str, Any]) -> tuple[list[list[int]], list[list
     return (prompts, completions, weights) if any(len(c) for c in completions) else None
 
 
-def run_sft(
-    model: Any,
-    tokenizer: Any,
-    dataset: Any,
+def sft_config(
     output_dir: str,
     *,
     epochs: float = 1.0,
     learning_rate: float = 5e-5,
     batch_size: int = 4,
-    lora: bool = False,
-    lora_r: int = 16,
     report_to: str = "none",
     seed: int = 0,
     max_steps: int = -1,
     logging_steps: int = 5,
     save_steps: int | None = None,
-    resume: bool | str = False,
     dtype: str | torch.dtype = "auto",
     gradient_checkpointing: bool = False,
     shared_prefix: bool = True,
@@ -158,15 +152,13 @@ def run_sft(
     gradient_accumulation_steps: int = 1,
     lr_scheduler_type: str = "linear",
     warmup_steps: float = 0,
-) -> Any:
-    """Fine-tune ``model`` on the completions of ``dataset`` with :class:`PackedSFTTrainer`; returns the trainer
-    (``trainer.model`` is the fine-tuned model; with ``lora`` the adapters are merged before saving).
-
-    ``epochs`` rule unless ``max_steps`` is positive; ``dtype`` ``"auto"`` computes in bfloat16 where the
-    hardware has native bfloat16 (float32 master weights either way, see :mod:`envace_gym.policy.precision`)."""
+) -> PackedSFTConfig:
+    """The :class:`PackedSFTConfig` of an SFT run on the rows of :mod:`envace_gym.training.sft` (completion-only loss,
+    rows pre-tokenized, the last checkpoint kept). ``epochs`` rule unless ``max_steps`` is positive; ``dtype``
+    ``"auto"`` computes in bfloat16 where the hardware has native bfloat16 (float32 master weights either way, see
+    :mod:`envace_gym.policy.precision`)."""
     cpu = use_cpu()
-    bf16 = resolve_dtype(dtype, "cpu" if cpu else "cuda") == torch.bfloat16
-    args = PackedSFTConfig(
+    return PackedSFTConfig(
         output_dir=output_dir,
         num_train_epochs=epochs,
         max_steps=max_steps,
@@ -183,13 +175,38 @@ def run_sft(
         save_total_limit=1,  # resuming needs the last checkpoint only; every one of them fills the disk
         report_to=report_to,
         use_cpu=cpu,
-        bf16=bf16,
+        bf16=resolve_dtype(dtype, "cpu" if cpu else "cuda") == torch.bfloat16,
         **checkpointing(gradient_checkpointing),
         seed=seed,
         dataset_kwargs={"skip_prepare_dataset": False},
         shared_prefix=shared_prefix,
         pack_tokens=pack_tokens,
     )
+
+
+def run_sft(
+    model: Any,
+    tokenizer: Any,
+    dataset: Any,
+    output_dir: str | None = None,
+    *,
+    args: PackedSFTConfig | None = None,
+    lora: bool = False,
+    lora_r: int = 16,
+    resume: bool | str = False,
+    **settings: Any,
+) -> Any:
+    """Fine-tune ``model`` on the completions of ``dataset`` with :class:`PackedSFTTrainer`; returns the trainer
+    (``trainer.model`` is the fine-tuned model; with ``lora`` the adapters are merged before saving).
+
+    ``args``: the trainer's config; without it, :func:`sft_config` of ``output_dir`` and ``settings`` (its
+    keywords: ``epochs``, ``learning_rate``, ``batch_size``, ``max_steps``, ``dtype``, ...)."""
+    if args is None:
+        if output_dir is None:
+            raise TypeError("run_sft needs output_dir, or args")
+        args = sft_config(output_dir, **settings)
+    elif settings or output_dir is not None:
+        raise TypeError(f"run_sft takes args or its settings, not both: {sorted(settings) or ['output_dir']}")
     peft_config = lora_config(lora_r) if lora else None
     groups = dataset["task_id"] if "task_id" in dataset.column_names else None
     trainer = PackedSFTTrainer(
@@ -200,16 +217,20 @@ def run_sft(
         peft_config=peft_config,
         row_groups=groups,
     )
-    print(_plan_line(len(dataset), groups, batch_size, epochs, max_steps, trainer), flush=True)
+    print(_plan_line(len(dataset), groups, trainer), flush=True)
     trainer.train(resume_from_checkpoint=resume or None)
     if lora:
         trainer.model = trainer.model.merge_and_unload()
     return trainer
 
 
-def _plan_line(rows: int, groups: Any, batch_size: int, epochs: float, max_steps: int, trainer: Any) -> str:
+def _plan_line(rows: int, groups: Any, trainer: Any) -> str:
     """What the run will do, said before it starts: rows, batches, epochs, optimizer steps."""
-    per_step = batch_size * trainer.args.gradient_accumulation_steps * trainer.accelerator.num_processes
+    epochs, max_steps = trainer.args.num_train_epochs, trainer.args.max_steps
+    per_step = (
+        trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
+        * trainer.accelerator.num_processes
+    )  # fmt: skip
     per_epoch = max(1, math.ceil(rows / per_step))
     tasks = f" of {len(set(groups))} tasks" if groups is not None else ""
     if max_steps > 0:
