@@ -312,7 +312,8 @@ def _bench_train(args: Any) -> int:
     from ..recipes.bench import format_table, machine_line
     from ..recipes.bench_train import run_train_bench
 
-    quick = dict(sft_tasks=2, sft_steps=2, sft_batch_sizes=(2, 4), plain_rows=2, group_size=2, max_new_tokens=16)
+    # one SFT batch size: each measure is a fresh process (its peak memory its own), the quick look's main cost
+    quick = dict(sft_tasks=2, sft_steps=2, sft_batch_sizes=(4,), plain_rows=2, group_size=2, max_new_tokens=16)
     sizes = quick if args.quick else {}
     if args.max_new_tokens is not None:
         sizes["max_new_tokens"] = args.max_new_tokens
