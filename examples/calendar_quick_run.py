@@ -36,10 +36,9 @@ from envace_gym.integrations.trl import (
 )
 from envace_gym.policy.default_model import ensure_default_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calendar_domain import CalendarDomain  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from calendar_domain import CalendarDomain  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
