@@ -382,6 +382,36 @@ def test_fidelity_rehearses_the_policys_own_calls():
     assert (simulator.fields_own_calls, guesser.fields_own_calls) == (1.0, 0.5)  # the guesser gets the unit right
 
 
+def test_fidelity_splits_by_tool_and_by_whether_the_world_had_changed():
+    """On bank-v0 a simulator that answers every call from the task's opening ledger (it carries no state) gets
+    find_accounts and the transfer right, and the balance read after the transfer wrong: the split by tool, with
+    the calls made after a state change apart, shows where it fails; the pooled figure hides it."""
+    from envace_gym.evaluation import evaluate
+    from envace_gym.tools import ToolCall
+
+    bank = make_domain("bank-v0")
+    task = bank.tasks("test")[0]
+    assert [c.name for c, _ in task.reference_pairs()] == ["find_accounts", "transfer", "get_balance"]
+
+    def stateless(prompt: str) -> str:
+        if "precise tool simulator" not in prompt:
+            return "Done."
+        line = [x for x in prompt.splitlines() if x.startswith("call: ")][-1]
+        call, _ = json.JSONDecoder().raw_decode(line[len("call: "):])
+        result = bank.make_executor(task).execute(ToolCall(call["name"], call["arguments"]))  # a fresh ledger
+        return json.dumps(result) + "\n</execution_result>"
+
+    result = evaluate(ScriptedPolicy(stateless), bank, tasks=[task])
+    copying = result.fidelity_by_tool["copying"]
+    assert list(copying) == ["find_accounts", "get_balance after a state change", "transfer"]
+    assert copying["find_accounts"].equal == copying["transfer"].equal == 1.0
+    assert copying["get_balance after a state change"].equal == 0.0
+    assert copying["get_balance after a state change"].fields < 1.0  # the balance is stale, the account right
+    assert result.equal_to_real == 2 / 3
+    assert result.fidelity_by_tool["own_calls"] == {}  # the policy answered at once: no call of its own
+    assert result.to_dict()["fidelity_by_tool"]["copying"]["transfer"]["rehearsals"] == 1
+
+
 @pytest.mark.slow
 def test_experiment_runs_the_inline_and_frozen_simulator_conditions(tmp_path):
     from envace_gym.recipes.experiment import run_experiment

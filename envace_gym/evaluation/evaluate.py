@@ -38,12 +38,25 @@ from ..rollout.collector import collect_rollouts
 from ..rollout.planner import PlannerConfig, RehearsalPlanner
 from ..tools.executor import ReferenceCache
 from ..tools.schema import ToolCall
-from .fidelity import check_rehearsal
+from .fidelity import RehearsalCheck, check_rehearsal
 
 logger = logging.getLogger("envace_gym")
 
 
 EVALUATION_SETS = ("executor", "p_real", "act_sampling", "rehearsal")  # the episode settings evaluation chooses
+
+@dataclass(frozen=True)
+class ToolFidelity:
+    """One fidelity pass's rehearsals of one tool, in one state of the world (see ``EvalResult.fidelity_by_tool``)."""
+
+    rehearsals: int
+    parsed: float
+    equal: float
+    fields: float
+
+
+AFTER_CHANGE = " after a state change"  # a call made once an earlier call of its episode had changed the world
+
 
 @dataclass
 class EvalResult:
@@ -73,6 +86,10 @@ class EvalResult:
     parsed_own_calls: float = float("nan")
     equal_to_real_own_calls: float = float("nan")  # simulation of the calls the policy itself makes
     fields_own_calls: float = float("nan")
+    # pass ("copying", "withheld", "own_calls") -> tool -> its rehearsals; a tool called once an earlier call of the
+    # episode had changed the real executor's state is keyed "<tool> after a state change" (get_balance after a
+    # transfer): the calls a simulator must carry state for
+    fidelity_by_tool: dict[str, dict[str, ToolFidelity]] = field(default_factory=dict)
     trials: int = 1  # episodes per task
     pass_k: dict[int, float] = field(default_factory=dict)  # k -> pass^k, for k = 1 .. trials (see pass_hat_k)
     terminations: dict[str, int] = field(default_factory=dict)  # why the episodes ended ("user_stop", "max_steps", ...)
@@ -226,6 +243,7 @@ def evaluate(
     )  # fmt: skip
     result.own_calls, result.parsed_own_calls, result.equal_to_real_own_calls = own.rehearsals, own.parsed, own.equal
     result.fields_own_calls = own.fields
+    result.fidelity_by_tool = {"copying": copying.by_tool, "withheld": simulation.by_tool, "own_calls": own.by_tool}
     return result
 
 
@@ -251,6 +269,7 @@ class _FidelityPass:
     schema_ok: float
     equal: float
     fields: float
+    by_tool: dict[str, ToolFidelity]
 
 
 def _fidelity(
@@ -264,16 +283,18 @@ def _fidelity(
         policy, dom, tasks, executor="rehearsal", act=act, on_invalid="feedback", rehearsal=rehearsal,
         act_sampling=act_sampling, seed=seed, progress=progress,
     )  # fmt: skip
-    checks = []
+    checks: list[tuple[str, RehearsalCheck]] = []
     by_id = {task.id: task for task in tasks}  # a task too long to play has no episode
     for episode in rehearsed.episodes:
         task = by_id[episode.task_id]
         shadow = dom.make_executor(task)
+        start = shadow.snapshot() if shadow is not None else None
         recorded = ReferenceCache(task.reference_pairs())  # the truth when there are no real tools
         for record in episode.calls:
             if not record.validated or record.call is None:
                 continue
             call = record.call
+            changed = shadow is not None and shadow.snapshot() != start  # before this call runs
             try:
                 known, truth = (True, shadow.execute(call)) if shadow is not None else recorded.lookup(call)
             except Exception as exc:  # the tool's own bug: no truth here, and its state is unknown from here on
@@ -282,6 +303,18 @@ def _fidelity(
                 break
             if record.route != "rehearsal" or not known:
                 continue
-            checks.append(check_rehearsal(record, truth))
-    share = lambda name: sum(getattr(c, name) for c in checks) / len(checks) if checks else float("nan")  # noqa: E731
-    return _FidelityPass(len(checks), share("parsed"), share("schema_ok"), share("equal"), share("fields"))
+            checks.append((call.name + (AFTER_CHANGE if changed else ""), check_rehearsal(record, truth)))
+    tools: dict[str, list[RehearsalCheck]] = {}
+    for tool, check in checks:
+        tools.setdefault(tool, []).append(check)
+    every = [check for _, check in checks]
+    return _FidelityPass(
+        len(every), _share(every, "parsed"), _share(every, "schema_ok"), _share(every, "equal"), _share(every, "fields"),
+        {tool: ToolFidelity(len(c), _share(c, "parsed"), _share(c, "equal"), _share(c, "fields"))
+         for tool, c in sorted(tools.items())},
+    )  # fmt: skip
+
+
+def _share(checks: Sequence[RehearsalCheck], name: str) -> float:
+    """The share of ``checks`` whose ``name`` holds (its mean, for ``fields``); NaN for none."""
+    return sum(getattr(c, name) for c in checks) / len(checks) if checks else float("nan")

@@ -193,6 +193,10 @@ def format_result(result: EvalResult) -> str:
             f"  policy's own calls {result.equal_to_real_own_calls:.3f} equal to real, {result.own_calls} calls "
             f"(simulation; parse {result.parsed_own_calls:.3f}, fields right {result.fields_own_calls:.3f})",
         ]
+        lines += [
+            f"    {tool:<36} {f.rehearsals:>4} calls: equal {f.equal:.3f}, fields right {f.fields:.3f}"
+            for tool, f in result.fidelity_by_tool.get("own_calls", {}).items()
+        ]
     return "\n".join(lines)
 
 
