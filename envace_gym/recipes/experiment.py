@@ -688,6 +688,8 @@ def _evaluate(
         "rehearsal_equal_own_calls": greedy.equal_to_real_own_calls,  # the policy's own calls: simulation
         "rehearsal_fields_withheld": greedy.fields_withheld,  # graded: fields right, numbers within 1%
         "rehearsal_fields_own_calls": greedy.fields_own_calls,
+        # pass -> tool ("<tool> after a state change" apart) -> rehearsals, parsed, equal, fields
+        "rehearsal_by_tool": {p: {t: asdict(f) for t, f in by.items()} for p, by in greedy.fidelity_by_tool.items()},
         "withheld_format_example": True,  # the withheld passes showed another task's execution of the tool
         "eval_episodes": greedy.episodes,
         "evaluated_on": config.eval_on,
