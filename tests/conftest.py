@@ -15,7 +15,8 @@ import torch  # noqa: E402
 # Under pytest-xdist (`make test` runs two workers) each worker takes its share of the cores: two workers using
 # every core each would fight over them. Subprocesses the tests start inherit the same share.
 if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
-    share = max(1, (os.cpu_count() or 1) // workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # taskset's
+    share = max(1, cores // workers)
     torch.set_num_threads(share)
     os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
