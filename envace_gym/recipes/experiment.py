@@ -535,7 +535,13 @@ def _rl_stage(
             f"success {m[metrics.SUCCESS]:.3f}, zero-variance groups {_zero_std_groups(m)}, "
             f"{m[metrics.STEP_TIME]:.0f} s")  # fmt: skip
 
+    def save_final() -> None:
+        policy.model.save_pretrained(stage / "final")
+        policy.tokenizer.save_pretrained(stage / "final")
+
     def at_checkpoint(step: int) -> None:  # every step is saved (a run cut off loses one step at most)
+        if step == config.rl_steps:  # the model is usable (`envace eval`) while its long final evaluation runs
+            save_final()
         if step % config.eval_every == 0 or step == config.rl_steps:
             evaluate_now(step)
 
@@ -546,8 +552,7 @@ def _rl_stage(
         )  # fmt: skip
     finally:  # the next stage's engines start in this process (workers=1): this stage's go first
         _release(engine, simulator)
-    policy.model.save_pretrained(stage / "final")
-    policy.tokenizer.save_pretrained(stage / "final")
+    save_final()  # again: a resumed stage whose steps were all checkpointed ran no hook
     (stage / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
     final = next(p for p in curve if p["step"] == config.rl_steps)
     return {
