@@ -219,9 +219,11 @@ def test_experiment_refuses_a_run_it_cannot_finish_or_would_mix_before_loading_a
 
 
 @pytest.mark.default_model
-def test_the_documented_study_command_regenerates_its_committed_json(tmp_path, monkeypatch):
-    """docs/results.md's study command, run over the committed stage records (all finished: no stage runs, only
-    the default model's tokenizer is read for the token budget), writes the committed experiment json."""
+@pytest.mark.parametrize(("study", "records", "stages"), [("units", "units-135m", 12), ("bank", "bank-135m", 1)])
+def test_the_documented_study_command_regenerates_its_committed_json(study, records, stages, tmp_path, monkeypatch):
+    """docs/results.md's study command (its last: the one over the stages that finished), run over the committed
+    stage records (all finished: no stage runs, only the default model's tokenizer is read for the token budget),
+    writes the committed experiment json."""
     import shlex
     import shutil
     from pathlib import Path
@@ -230,18 +232,19 @@ def test_the_documented_study_command_regenerates_its_committed_json(tmp_path, m
     from envace_gym.recipes.experiment import run_experiment
 
     docs = Path(__file__).resolve().parents[1] / "docs"
-    command = next(line for line in (docs / "results.md").read_text().splitlines()
-                   if line.startswith("envace experiment ") and "--output_dir runs/study-units " in line)  # fmt: skip
-    shutil.copytree(docs / "results" / "study-units-135m", tmp_path / "runs" / "study-units")
+    command = [line for line in (docs / "results.md").read_text().splitlines()
+               if line.startswith("envace experiment ") and f"--output_dir runs/study-{study} " in line][-1]  # fmt: skip
+    shutil.copytree(docs / "results" / f"study-{records}", tmp_path / "runs" / f"study-{study}")
     monkeypatch.chdir(tmp_path)
     config = _parse_settings(ExperimentConfig, "envace experiment", shlex.split(command)[2:])
     run_experiment(config, log=lambda *a: None)
-    written = json.loads((tmp_path / "runs" / "study-units" / "experiment.json").read_text())
-    committed = json.loads((docs / "results" / "experiment-units-135m.json").read_text())
-    assert len(written["records"]) == 12  # 3 seeds x 4 conditions
+    written = json.loads((tmp_path / "runs" / f"study-{study}" / "experiment.json").read_text())
+    committed = json.loads((docs / "results" / f"experiment-{records}.json").read_text())
+    assert len(written["records"]) == stages  # seeds x conditions
     for key in ("command", "config", "dtype", "backend", "max_new_tokens", "records"):
         assert written[key] == committed[key], key
-    assert (tmp_path / "runs" / "study-units" / "curve-units.png").is_file()
+    if any(r.get("curve") for r in written["records"]):  # a curve needs an RL stage
+        assert (tmp_path / "runs" / f"study-{study}" / f"curve-{study}.png").is_file()
 
 
 def test_token_budget_fits_every_reference_turn_and_result(tmp_path):
@@ -430,11 +433,19 @@ def test_experiment_runs_the_inline_and_frozen_simulator_conditions(tmp_path):
 
 
 def test_an_rl_stage_saves_every_step_and_evaluates_every_eval_every(tmp_path, monkeypatch):
+    from envace_gym.recipes import experiment
     from envace_gym.recipes.experiment import run_experiment
     from envace_gym.training import trainer
 
     saved, save_state = [], trainer.save_state
     monkeypatch.setattr(trainer, "save_state", lambda path, *a: saved.append(len(a[-1])) or save_state(path, *a))
+    final = tmp_path / "seed-0" / "sft+envace-separate" / "final" / "config.json"
+    model_there, evaluate = [], experiment._evaluate
+    def spy(*args, **kwargs):  # the RL stage's evaluations name `fidelity`
+        if "fidelity" in kwargs:
+            model_there.append(final.is_file())
+        return evaluate(*args, **kwargs)
+    monkeypatch.setattr(experiment, "_evaluate", spy)
     config = ExperimentConfig(
         domain="lights:easy", output_dir=str(tmp_path), seeds=[0], sft_tasks=4, sft_steps=1, rl_steps=3,
         tasks_per_step=1, group_size=2, eval_tasks=1, eval_every=2, max_new_tokens=8,
@@ -443,6 +454,7 @@ def test_an_rl_stage_saves_every_step_and_evaluates_every_eval_every(tmp_path, m
     (record,) = run_experiment(config, log=lambda _: None)["records"]["sft+envace-separate"].values()
     assert saved == [1, 2, 3]  # a run cut off loses one step at most
     assert [p["step"] for p in record["curve"]] == [0, 2, 3]
+    assert model_there == [False, True]  # the final model is saved before its (long) last evaluation
 
 
 def test_an_sft_stage_kept_as_its_record_alone_has_its_model_trained_again_for_rl(tmp_path):
