@@ -218,6 +218,32 @@ def test_experiment_refuses_a_run_it_cannot_finish_or_would_mix_before_loading_a
         run_experiment(ExperimentConfig(**base))  # another domain ("lights" is the whole family's latest)
 
 
+def test_report_only_runs_no_stage_and_reports_the_finished_ones(tmp_path, monkeypatch):
+    from envace_gym.errors import EnvACEError
+    from envace_gym.recipes import experiment
+    from envace_gym.recipes.experiment import run_experiment
+
+    out = tmp_path / "exp"
+    base = dict(output_dir=str(out), seeds=[0], conditions=["base"], eval_tasks=2, sft_tasks=4)
+    with pytest.raises(EnvACEError, match=r"holds no finished stage of seeds \[0\]"):
+        run_experiment(ExperimentConfig(**base, report_only=True), log=lambda *a: None)
+    run_experiment(ExperimentConfig(**base), log=lambda *a: None)
+    monkeypatch.setattr(experiment, "_run_stage", lambda *a: pytest.fail("report_only ran a stage"))
+    said: list[str] = []
+    cut = {**base, "seeds": [0, 1], "conditions": ["base", "sft", "sft+envace-separate"]}
+    run_experiment(ExperimentConfig(**cut, report_only=True), log=said.append)  # no SFT model, and none refused
+    assert said[-2] == (
+        "not finished, left out: seed 0 sft, seed 0 sft+envace-separate, seed 1 base, seed 1 sft, "
+        "seed 1 sft+envace-separate"
+    )
+    written = json.loads((out / "experiment.json").read_text())
+    assert [(r["condition"], r["seed"]) for r in written["records"]] == [("base", 0)]
+    assert written["config"]["seeds"] == [0, 1] and "report_only" not in written["config"]
+    assert "--report_only" not in written["command"]  # the file the whole run writes
+    rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| base ")]
+    assert len(rows) == 1 and rows[0].startswith("| base | 0 | ")  # the seeds a row averages
+
+
 @pytest.mark.default_model
 @pytest.mark.parametrize(("study", "records", "stages"), [("units", "units-135m", 12), ("bank", "bank-135m", 3)])
 def test_the_documented_study_command_regenerates_its_committed_json(study, records, stages, tmp_path, monkeypatch):

@@ -134,6 +134,14 @@ class ExperimentConfig(EpisodeSettings):
     results_file: str | None = field(
         default=None, metadata={"help": "Where the table is written; default: output_dir/results.md."}
     )
+    report_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Run no stage: write experiment.json, the table and the curves over the stages of these seeds "
+            "and conditions that have finished (a study cut short); the ones that have not are named and left out.",
+            "flag": True,
+        },
+    )
     threads: int | None = field(
         default=None, metadata={"help": "torch threads (default: torch's; 1 per worker with workers > 1)."}
     )
@@ -196,11 +204,17 @@ class ExperimentConfig(EpisodeSettings):
         return Path(self.results_file) if self.results_file else Path(self.output_dir) / "results.md"
 
 
+# How an invocation runs, not what the study is: left out of its command and experiment.json, so that a report over
+# the finished stages writes the very file the whole run writes.
+_INVOCATION = ("report_only",)
+
+
 def command_line(config: ExperimentConfig) -> str:
     """The ``envace experiment`` command that reproduces ``config``."""
     parts = ["envace", "experiment"]
     settings = [f.name for f in fields(EpisodeSettings) if f.name not in CONDITION_SETS]  # its own first, then these
-    for key in [f.name for f in fields(config) if f.name not in settings and f.name not in CONDITION_SETS] + settings:
+    own = [f.name for f in fields(config) if f.name not in settings and f.name not in (*CONDITION_SETS, *_INVOCATION)]
+    for key in own + settings:
         value = getattr(config, key)
         if value is None:
             continue
@@ -222,7 +236,8 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     domain = make_domain(config.domain)
     _check_validation(config, domain)
     out = Path(config.output_dir)
-    _check_sft_models(config, out)
+    if not config.report_only:
+        _check_sft_models(config, out)
     out.mkdir(parents=True, exist_ok=True)
     _check_settings(config, out)
     start = _starting_model(config, domain, out)
@@ -241,11 +256,16 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
                 todo.append((seed, condition))
         sft = out / f"seed-{seed}" / "sft"
         kept = (sft / "record.json").is_file() and not (sft / "final" / "config.json").is_file()
-        if kept and any(c in RL_CONDITIONS for _, c in todo):
+        if kept and not config.report_only and any(c in RL_CONDITIONS for _, c in todo):
             log(f"[seed {seed}] sft: finished before, but its model is not here: trained again (its record kept)")
             todo.insert(0, (seed, "sft"))  # (only a kept record gets here: _check_sft_models refused the rest)
         pending += todo
-    if config.workers > 1:
+    if config.report_only:
+        if not any(records.values()):
+            raise EnvACEError(f"{out} holds no finished stage of seeds {config.seeds}, conditions {config.conditions}")
+        if pending:
+            log("not finished, left out: " + ", ".join(f"seed {s} {c}" for s, c in pending))
+    elif config.workers > 1:
         _run_in_workers(config, start, budget, pending, records)
     else:
         for seed, condition in pending:
@@ -253,7 +273,7 @@ def run_experiment(config: ExperimentConfig, log: Any = print) -> dict[str, Any]
     summary = {
         "command": command_line(config),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, Python {sys.version.split()[0]}",
-        "config": asdict(config),
+        "config": {k: v for k, v in asdict(config).items() if k not in _INVOCATION},
         "dtype": dtype_name(_compute_dtype(config)),
         "device": str(default_device()),  # where the models ran: the GPU when there is one, or $ENVACE_DEVICE
         "backend": config.backend,
@@ -373,7 +393,7 @@ def _stage_job(config: ExperimentConfig, start: str, budget: int, seed: int, con
 # The settings that do not change what a stage measures: where things go, how many threads and workers, which
 # seeds and conditions run (each stage is one seed and one condition), recomputing layers for memory.
 _NOT_MEASURED = (
-    "output_dir", "results_file", "threads", "workers", "seeds", "conditions", "gradient_checkpointing"
+    "output_dir", "results_file", "threads", "workers", "seeds", "conditions", "gradient_checkpointing", "report_only"
 )  # fmt: skip
 
 

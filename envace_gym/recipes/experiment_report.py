@@ -54,14 +54,14 @@ def format_results(
         "",
         f"Domain `{domain_id}`, {_evaluated_on(config)}, real execution; greedy and sampled "
         f"(T {config.eval_temperature}, top-p {config.eval_top_p}, seed {config.eval_seed}). Seeds {config.seeds}; "
-        f"each cell: mean ± standard deviation over seeds (± half the range). RL: {config.rl_steps} steps of "
-        f"{config.tasks_per_step} tasks × G={config.group_size}, reward `{config.reward}`, on_invalid "
+        f"each cell: mean ± standard deviation over the row's seeds (± half the range). RL: {config.rl_steps} steps "
+        f"of {config.tasks_per_step} tasks × G={config.group_size}, reward `{config.reward}`, on_invalid "
         f"`{config.on_invalid}`, {budget} new tokens per generation.",
         "",
     ]
     measured = [(head, key) for head, key in _COLUMNS if any(key in r for by in records.values() for r in by.values())]
-    lines += ["| condition | " + " | ".join(head for head, _ in measured) + " | real tool executions in training "
-              "| train s | eval s |", "|---" * (len(measured) + 4) + "|"]  # fmt: skip
+    lines += ["| condition | seeds | " + " | ".join(head for head, _ in measured) + " | real tool executions in "
+              "training | train s | eval s |", "|---" * (len(measured) + 5) + "|"]  # fmt: skip
     for condition, by_seed in records.items():
         rows = list(by_seed.values())
         if not rows:
@@ -69,7 +69,8 @@ def format_results(
         keys = [key for _, key in measured] + ["real_tool_executions", "train_seconds", "eval_seconds"]
         cells = [_mean_std_range([float(r.get(key, float("nan"))) for r in rows]) for key in keys]
         cells[-3] = "/".join(map(str, sorted({int(r.get("real_tool_executions", 0)) for r in rows})))
-        lines.append(f"| {condition} | " + " | ".join(cells) + " |")
+        seeds = ", ".join(map(str, sorted(by_seed)))  # a study cut short may hold a condition on fewer seeds
+        lines.append(f"| {condition} | {seeds} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
