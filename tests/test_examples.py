@@ -83,3 +83,24 @@ def test_the_withheld_forms_benchmark_prints_both_forms(capsys, tmp_path):
     assert "bare: withheld 1 rehearsals" in out and "format example: withheld 1 rehearsals" in out
     record = json.loads((tmp_path / "w.json").read_text())
     assert set(record["forms"]) == {"bare", "format example"} and record["domain"] == "units-v0"
+
+
+@pytest.mark.slow
+def test_the_withheld_agreement_benchmark_compares_models_call_by_call(capsys, tmp_path):
+    import shutil
+
+    from envace_gym.training.sft import tiny_start_model
+
+    one = tiny_start_model("units-v0", tmp_path / "one")
+    shutil.copytree(one, tmp_path / "copy")
+    other = tiny_start_model("units-v0", tmp_path / "other", seed=1)
+    models = [str(one), str(tmp_path / "copy"), str(other)]
+    run("withheld_agreement.py", "--domain", "units-v0", "--models", *models, "--num-tasks", "2",
+        "--max-new-tokens", "8", "--out", str(tmp_path / "a.json"))  # fmt: skip
+    record = json.loads((tmp_path / "a.json").read_text())
+    rehearsed = len(record["rehearsals"][str(one)])
+    assert rehearsed >= 2 and all(len(rows) == rehearsed for rows in record["rehearsals"].values())
+    # the same weights rehearse the same calls alike (greedy); every pair compares every call
+    assert record["same_by_pair"][f"{one} | {tmp_path / 'copy'}"] == {"compared": rehearsed, "same": rehearsed}
+    assert record["same_by_pair"][f"{one} | {other}"]["compared"] == rehearsed
+    assert f"{rehearsed} of {rehearsed} rehearsals the same" in capsys.readouterr().out
