@@ -247,9 +247,9 @@ def test_report_only_runs_no_stage_and_reports_the_finished_ones(tmp_path, monke
 @pytest.mark.default_model
 @pytest.mark.parametrize(("study", "records", "stages"), [("units", "units-135m", 12), ("bank", "bank-135m", 5)])
 def test_the_documented_study_command_regenerates_its_committed_json(study, records, stages, tmp_path, monkeypatch):
-    """docs/results.md's study command (its last: the one over the stages that finished), run over the committed
-    stage records (all finished: no stage runs, only the default model's tokenizer is read for the token budget),
-    writes the committed experiment json."""
+    """docs/results.md's study command (its last: the one over the stages that finished, with --report_only where
+    some did not), run over the committed stage records (no stage runs, only the default model's tokenizer is read
+    for the token budget), writes the committed experiment json."""
     import shlex
     import shutil
     from pathlib import Path
