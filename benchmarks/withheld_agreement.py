@@ -23,9 +23,9 @@ from itertools import combinations
 from envace_gym import make_policy
 from envace_gym.domains.registry import make_domain
 from envace_gym.evaluation.evaluate import format_examples
-from envace_gym.rehearsal.prompt import rollout_sampling
+from envace_gym.rehearsal.prompt import rollout_sampling, shown_executions
 from envace_gym.rollout import collect_rollouts
-from envace_gym.tools import call_key, canonical_json
+from envace_gym.tools import canonical_json
 
 
 def rehearsals(model: str, domain: str, num_tasks: int, max_new_tokens: int, backend: str) -> list[dict]:
@@ -48,10 +48,8 @@ def rehearsals(model: str, domain: str, num_tasks: int, max_new_tokens: int, bac
         for index, record in enumerate(episode.calls):
             if record.route != "rehearsal" or record.call is None:
                 continue
-            key = call_key(record.call)
-            shown = [r for c, r in pairs if call_key(c) != key]  # what rehearsal_messages keeps of the references
-            if not any(c.name == record.call.name for c, _ in pairs if call_key(c) != key):
-                shown += [r for c, r in examples if c.name == record.call.name][:1]
+            kept, example = shown_executions(record.call, pairs, withheld)  # what its prompt showed
+            shown = [r for _, r in kept + example]
             answer = canonical_json(record.result) if record.error is None else f"error {record.error.code}"
             out.append({"task": episode.task_id, "index": index, "tool": record.call.name, "answer": answer,
                         "repeats_shown": answer in {canonical_json(r) for r in shown}})  # fmt: skip

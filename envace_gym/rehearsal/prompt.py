@@ -101,6 +101,19 @@ def _history(messages: Sequence[Mapping[str, Any]], max_chars: int) -> str:
     return text if len(text) <= max_chars else "…" + text[-max_chars:]
 
 
+def shown_executions(
+    call: ToolCall, reference: Sequence[tuple[ToolCall, Any]], config: RehearsalConfig
+) -> tuple[list[tuple[ToolCall, Any]], list[tuple[ToolCall, Any]]]:
+    """What the rehearse prompt for ``call`` shows of executions: the task's references (less the very call's own,
+    with ``withhold_own_result``) and, when that leaves none of ``call``'s tool, one example from another task."""
+    if not config.withhold_own_result:
+        return list(reference), []
+    kept = [(c, r) for c, r in reference if call_key(c) != call_key(call)]
+    if any(c.name == call.name for c, _ in kept):
+        return kept, []
+    return kept, [(c, r) for c, r in config.format_examples if c.name == call.name][:1]
+
+
 def rehearsal_messages(
     call: ToolCall,
     schema: ToolSchema,
@@ -115,11 +128,7 @@ def rehearsal_messages(
     ``history`` is the conversation before the agent's latest turn; ``act_text`` is that turn, raw.
     """
     parts = ["# Candidate tools", "\n".join(_dump(t.to_openai()["function"]) for t in candidates)]
-    examples: list[tuple[ToolCall, Any]] = []
-    if config.withhold_own_result:
-        reference = [(c, r) for c, r in reference if call_key(c) != call_key(call)]
-        if not any(c.name == call.name for c, _ in reference):
-            examples = [(c, r) for c, r in config.format_examples if c.name == call.name][:1]
+    reference, examples = shown_executions(call, reference, config)
     if config.include_reference and reference:
         parts.append("# Reference executions (ground truth for this task)")
         # Shown in the very format the answer must take, so following the pattern is the easy path.
