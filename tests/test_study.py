@@ -244,6 +244,33 @@ def test_report_only_runs_no_stage_and_reports_the_finished_ones(tmp_path, monke
     assert len(rows) == 1 and rows[0].startswith("| base | 0 | ")  # the seeds a row averages
 
 
+def test_the_report_takes_differences_seed_by_seed_on_the_seeds_both_conditions_hold():
+    from envace_gym.recipes.experiment import CONDITIONS
+    from envace_gym.recipes.experiment_report import _FIRST, paired_differences
+
+    assert sorted(_FIRST) == sorted(CONDITIONS)  # every condition has its place in a difference
+
+    def record(greedy: float, sampled: float, reward: float) -> dict[str, float]:
+        return {"success": greedy, "success_sampled": sampled, "mean_reward": reward}
+
+    records = {
+        "sft": {0: record(0.2, 0.3, 0.5), 1: record(0.4, 0.4, 0.5)},
+        "sft+grpo-real-tools": {0: {"success": 0.5, "mean_reward": 0.6}},  # from before sampled success existed
+        "sft+envace-separate": {0: record(0.6, 0.4, 0.7), 1: record(0.8, 0.6, 0.9)},
+    }
+    rows = [line for line in paired_differences(records) if line.startswith("| sft")]
+    assert rows == [
+        "| sft+envace-separate − sft+grpo-real-tools | 0 | +0.100 ± 0.000 (±0.000) [+0.100] | n/a [n/a] "
+        "| +0.100 ± 0.000 (±0.000) [+0.100] |",
+        "| sft+envace-separate − sft | 0, 1 | +0.400 ± 0.000 (±0.000) [+0.400, +0.400] "
+        "| +0.150 ± 0.071 (±0.050) [+0.100, +0.200] | +0.300 ± 0.141 (±0.100) [+0.200, +0.400] |",
+        "| sft+grpo-real-tools − sft | 0 | +0.300 ± 0.000 (±0.000) [+0.300] | n/a [n/a] "
+        "| +0.100 ± 0.000 (±0.000) [+0.100] |",
+    ]
+    no_seed_in_common = {"sft": records["sft"], "sft+envace-separate": {2: record(0, 0, 0)}}
+    assert paired_differences(no_seed_in_common) == []
+
+
 @pytest.mark.default_model
 @pytest.mark.parametrize(("study", "records", "stages"), [("units", "units-135m", 12), ("bank", "bank-135m", 5)])
 def test_the_documented_study_command_regenerates_its_committed_json(study, records, stages, tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""``envace experiment``'s report: the results table (mean ± std over seeds per condition) and the learning curves."""
+"""``envace experiment``'s report: the results table (mean ± std over seeds per condition), the paired
+differences between conditions and the learning curves."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ if TYPE_CHECKING:
     from .experiment import ExperimentConfig
 
 
-def _mean_std_range(values: list[float]) -> str:
+def _mean_std_range(values: list[float], signed: bool = False) -> str:
     known = [v for v in values if v == v]  # NaN: a figure not measured
     if not known:
         return "n/a"
     mean = sum(known) / len(known)
     std = (sum((v - mean) ** 2 for v in known) / max(1, len(known) - 1)) ** 0.5 if len(known) > 1 else 0.0
-    return f"{mean:.3f} ± {std:.3f} (±{(max(known) - min(known)) / 2:.3f})"
+    return f"{mean:{'+' if signed else ''}.3f} ± {std:.3f} (±{(max(known) - min(known)) / 2:.3f})"
 
 
 def _evaluated_on(config: ExperimentConfig) -> str:
@@ -38,6 +39,39 @@ _COLUMNS = (
     ("fields right, the policy's own calls", "rehearsal_fields_own_calls"),
     ("groups with a reward spread at the start", "groups_with_spread"),
 )
+
+
+# Paired differences: "a − b" for a before b here (the trained against what it was trained from or compared with).
+_FIRST = ("sft+envace-inline", "sft+envace-separate", "sft+envace-frozen-sim", "sft+grpo-real-tools", "sft", "base")
+_DIFFERENCES = (
+    ("success (greedy)", "success"),
+    ("success (sampled)", "success_sampled"),
+    ("mean reward (greedy)", "mean_reward"),
+)
+
+
+def paired_differences(records: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """Markdown: each pair of conditions on the seeds both hold, the difference taken seed by seed (a seed's
+    stages share its SFT start and its evaluation tasks, so the start's own spread drops out), then mean ± std
+    (± half the range) over those seeds, each seed's difference after it."""
+    held = [c for c in _FIRST if records.get(c)]
+    rows = []
+    for i, a in enumerate(held):
+        for b in held[i + 1 :]:
+            seeds = sorted(set(records[a]) & set(records[b]))
+            if not seeds:
+                continue
+            cells = []
+            for _, key in _DIFFERENCES:
+                diffs = [float(records[a][s].get(key, "nan")) - float(records[b][s].get(key, "nan")) for s in seeds]
+                each = ", ".join("n/a" if d != d else f"{d:+.3f}" for d in diffs)
+                cells.append(f"{_mean_std_range(diffs, signed=True)} [{each}]")
+            rows.append(f"| {a} − {b} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    head = "| difference | seeds | " + " | ".join(h for h, _ in _DIFFERENCES) + " |"
+    return ["Differences on the same seed: mean ± std over the seeds (± half the range) [each seed's]:", "", head,
+            "|---" * (len(_DIFFERENCES) + 2) + "|", *rows]  # fmt: skip
 
 
 def format_results(
@@ -71,7 +105,8 @@ def format_results(
         cells[-3] = "/".join(map(str, sorted({int(r.get("real_tool_executions", 0)) for r in rows})))
         seeds = ", ".join(map(str, sorted(by_seed)))  # a study cut short may hold a condition on fewer seeds
         lines.append(f"| {condition} | {seeds} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    differences = paired_differences(records)
+    return "\n".join(lines + ([""] + differences if differences else [])) + "\n"
 
 
 def plot_learning_curves(
