@@ -271,6 +271,26 @@ def test_the_report_takes_differences_seed_by_seed_on_the_seeds_both_conditions_
     assert paired_differences(no_seed_in_common) == []
 
 
+def test_the_report_splits_fidelity_by_tool_over_the_seeds_that_measured_it():
+    from envace_gym.recipes.experiment_report import fidelity_by_tool
+
+    def measured(equal: float, fields: float, rehearsals: int) -> dict[str, float]:
+        return {"rehearsals": rehearsals, "parsed": 1.0, "equal": equal, "fields": fields}
+
+    def record(fields: float) -> dict[str, object]:
+        return {"rehearsal_by_tool": {"copying": {"transfer": measured(1.0, 1.0, 3)},
+                                      "own_calls": {"get_balance": measured(0.0, fields, 4)}}}  # fmt: skip
+
+    records = {"sft": {0: {"success": 0.0}, 1: record(0.5)}, "sft+envace-separate": {0: record(0.2), 1: record(0.4)}}
+    assert fidelity_by_tool(records)[2:] == [
+        "| pass | tool | sft (1) | sft+envace-separate (0, 1) |",  # seed 0's sft record is from before the split
+        "|---|---|---|---|",
+        "| rehearsal = real, own result in prompt (copying) | `transfer` | 1.000 | 1.000 |",
+        "| fields right, the policy's own calls (rehearsals) | `get_balance` | 0.500 (4) | 0.300 (8) |",
+    ]
+    assert fidelity_by_tool({"sft": {0: {"success": 0.0}}}) == []
+
+
 @pytest.mark.default_model
 @pytest.mark.parametrize(("study", "records", "stages"), [("units", "units-135m", 12), ("bank", "bank-135m", 5)])
 def test_the_documented_study_command_regenerates_its_committed_json(study, records, stages, tmp_path, monkeypatch):
