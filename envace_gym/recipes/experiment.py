@@ -391,9 +391,10 @@ def _stage_job(config: ExperimentConfig, start: str, budget: int, seed: int, con
 
 
 # The settings that do not change what a stage measures: where things go, how many threads and workers, which
-# seeds and conditions run (each stage is one seed and one condition), recomputing layers for memory.
+# seeds and conditions run (each stage is one seed and one condition), recomputing layers for memory, and how the
+# invocation runs.
 _NOT_MEASURED = (
-    "output_dir", "results_file", "threads", "workers", "seeds", "conditions", "gradient_checkpointing", "report_only"
+    "output_dir", "results_file", "threads", "workers", "seeds", "conditions", "gradient_checkpointing", *_INVOCATION
 )  # fmt: skip
 
 
