@@ -1,5 +1,5 @@
 """``envace experiment``'s report: the results table (mean ± std over seeds per condition), the paired
-differences between conditions and the learning curves."""
+differences between conditions, the fidelity by tool and the learning curves."""
 
 from __future__ import annotations
 
@@ -74,8 +74,8 @@ def paired_differences(records: dict[str, dict[int, dict[str, Any]]]) -> list[st
             "|---" * (len(_DIFFERENCES) + 2) + "|", *rows]  # fmt: skip
 
 
-# The by-tool table's passes (record key, what its cell shows): copying is scored whole, the others by fields
-# right, a graded share that a rehearsal scored wrong whole can still move.
+# The by-tool table's passes (the record's pass, the measure its cells show, the rows' name): copying is scored
+# whole, the others by fields right, a graded share that a rehearsal scored wrong whole can still move.
 _BY_TOOL = (
     ("copying", "equal", "rehearsal = real, own result in prompt (copying)"),
     ("withheld", "fields", "fields right, own result withheld"),
