@@ -105,10 +105,14 @@ def shown_executions(
     call: ToolCall, reference: Sequence[tuple[ToolCall, Any]], config: RehearsalConfig
 ) -> tuple[list[tuple[ToolCall, Any]], list[tuple[ToolCall, Any]]]:
     """What the rehearse prompt for ``call`` shows of executions: the task's references (less the very call's own,
-    with ``withhold_own_result``) and, when that leaves none of ``call``'s tool, one example from another task."""
+    with ``withhold_own_result``) and, when that leaves none of ``call``'s tool, one example from another task;
+    nothing without ``include_reference``."""
+    if not config.include_reference:
+        return [], []
     if not config.withhold_own_result:
         return list(reference), []
-    kept = [(c, r) for c, r in reference if call_key(c) != call_key(call)]
+    own = call_key(call)
+    kept = [(c, r) for c, r in reference if call_key(c) != own]
     if any(c.name == call.name for c, _ in kept):
         return kept, []
     return kept, [(c, r) for c, r in config.format_examples if c.name == call.name][:1]
@@ -129,11 +133,11 @@ def rehearsal_messages(
     """
     parts = ["# Candidate tools", "\n".join(_dump(t.to_openai()["function"]) for t in candidates)]
     reference, examples = shown_executions(call, reference, config)
-    if config.include_reference and reference:
+    if reference:
         parts.append("# Reference executions (ground truth for this task)")
         # Shown in the very format the answer must take, so following the pattern is the easy path.
         parts.append(_executions(reference))
-    if config.include_reference and examples:
+    if examples:
         parts.append("# Example execution of this tool (from another task: its format, not this task's data)")
         parts.append(_executions(examples))
     parts += ["# Conversation so far", _history(history, config.max_history_chars) or "(empty)"]
