@@ -114,6 +114,14 @@ MISTAKES = [
     (["eval", "--max-messages", "0"], "--max-messages must be at least 1 or None"),
     (["eval", "--domain", "units", "--agent-prompt", "tau2"], "--agent-prompt chooses the agent's system prompt"),
     (["train", "--group_size", "1"], "group_size must be at least 2"),
+    (["train", "--vllm_mode", "remote"], "invalid choice: 'remote'"),
+    (["train", "--vllm_mode", "server"], "vllm_mode server generates with vLLM servers: add use_vllm"),
+    (["train", "--vllm_server_base_urls", "http://h:8000"], "set vllm_mode server"),
+    (["train", "--mode", "sft", "--vllm_mode", "server"], "mode sft plays none"),
+    (["train", "--mode", "real-tools", "--use_vllm", "--vllm_mode", "server", "--vllm_server_base_urls", "http://a:1",
+      "http://b:1"], "talks to one server"),  # fmt: skip
+    (["train", "--mode", "real-tools", "--use_vllm", "--vllm_mode", "server", "--vllm_server_weights_dir", "w"],
+     "leave it out"),  # fmt: skip
     (["experiment", "--conditions", "sft+envace-separate"], "add the 'sft' condition"),
     (["experiment", "--conditions", "foo"], "invalid choice: 'foo'"),
     (["experiment", "--model", "./no/such/model"], "does not exist"),

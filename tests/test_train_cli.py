@@ -423,6 +423,32 @@ def test_one_function_builds_the_trl_args_and_both_grpo_modes_train_the_papers_o
         assert TrainConfig.__dataclass_fields__[name].default == TrainerConfig.__dataclass_fields__[name].default
 
 
+def test_envace_train_takes_vllm_servers_as_the_trl_configs_name_them(tmp_path, monkeypatch):
+    """--vllm_mode server reaches TRL's config with the servers: mode rehearsal's EnvACEGRPOConfig takes the
+    package's list of servers and weights folder, real-tools' PackedGRPOConfig TRL's one server; the real-tools
+    baseline in server mode is refused on a CPU (TRL's server client moves weights over NCCL), where it could
+    only fail after connecting."""
+    from envace_gym.recipes import train as train_recipe
+    from envace_gym.recipes.train import TrainConfig, trl_args
+
+    urls = ["http://host-a:8000", "http://host-b:8000"]
+    config = TrainConfig(domain="units", output_dir=str(tmp_path), use_vllm=True, vllm_mode="server",
+                         vllm_server_base_urls=urls, vllm_server_weights_dir=str(tmp_path / "w"))  # fmt: skip
+    args = trl_args(config, 2, "float32")
+    assert (args.use_vllm, args.vllm_mode, args.vllm_server_base_urls) == (True, "server", urls)
+    assert args.vllm_server_weights_dir == str(tmp_path / "w")
+    assert trl_args(TrainConfig(domain="units", output_dir=str(tmp_path)), 2, "float32").vllm_mode == "colocate"
+
+    with pytest.raises(ValueError, match="on a CPU use vllm_mode colocate"):
+        TrainConfig(mode="real-tools", domain="units", output_dir=str(tmp_path), use_vllm=True, vllm_mode="server")
+    monkeypatch.setattr(train_recipe, "use_cpu", lambda: False)  # as on a CUDA machine
+    config = TrainConfig(mode="real-tools", domain="units", output_dir=str(tmp_path), use_vllm=True,
+                         vllm_mode="server", vllm_server_base_urls=urls[:1])  # fmt: skip
+    monkeypatch.undo()  # TRL's config would ask for a GPU this machine lacks
+    args = trl_args(config, 2, "float32")
+    assert (args.vllm_mode, args.vllm_server_base_url) == ("server", urls[0])
+
+
 def test_resume_point_sets_aside_checkpoints_cut_short_and_never_twice_onto_one_name(tmp_path, monkeypatch):
     from envace_gym.recipes.train import _resume_point
 

@@ -30,6 +30,7 @@ from ..training.trainer import TrainerConfig
 
 MODES = ("rehearsal", "real-tools", "sft")
 WARM_STARTS = ("none", "sft")
+VLLM_MODES = ("colocate", "server")
 REAL_TOOLS_SETTINGS = ("max_turns", "on_invalid", "reward")  # the episode settings TRL's tool loop honours
 DEFAULT_GRPO_STEPS = 20
 
@@ -145,8 +146,32 @@ class TrainConfig(EpisodeSettings):
     use_vllm: bool = field(
         default=False,
         metadata={
-            "help": "Generate the rollouts with vLLM: TRL's colocated engine in this process, loaded with the "
-            "trainer's weights once per step, its sampling corrected for (needs envace-gym[vllm]; docs/training.md)."
+            "help": "Generate the rollouts with vLLM (vllm_mode): TRL's colocated engine in this process, or "
+            "servers, given the trainer's weights once per step, its sampling corrected for (needs envace-gym[vllm]; "
+            "docs/training.md)."
+        },
+    )
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={
+            "help": "With use_vllm: colocate (an engine in this process) or server (vLLM servers you start; mode "
+            "rehearsal: vLLM's OpenAI-compatible server, docs/training.md; mode real-tools: TRL's `trl vllm-serve`, "
+            "CUDA only).",
+            "choices": VLLM_MODES,
+        },
+    )
+    vllm_server_base_urls: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "vllm_mode server: the servers' base URLs (e.g. http://host:8000); mode rehearsal spreads its "
+            "requests over several, real-tools takes one. Default: TRL's, http://0.0.0.0:8000."
+        },
+    )
+    vllm_server_weights_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "vllm_mode server, mode rehearsal: the folder the trainer writes its weights to once per step "
+            "for the servers to reload; every server must read it at this path (default: a temporary folder)."
         },
     )
     dtype: str = _as_trainer(
@@ -214,8 +239,35 @@ class TrainConfig(EpisodeSettings):
             raise ValueError("warm_start is an SFT before GRPO; mode sft is that SFT already: leave warm_start out")
         if self.warm_start_steps is not None and self.warm_start_steps < 1:
             raise ValueError(f"warm_start_steps must be at least 1, got {self.warm_start_steps}")
+        self._check_vllm_server()
         if self.mode != "sft":
             _episodes_per_process(self)  # refused here, so the CLI says it in one line before anything loads
+
+    def _check_vllm_server(self) -> None:
+        """Refuses the vLLM server settings that cannot take effect, before anything loads."""
+        if self.vllm_mode not in VLLM_MODES:
+            raise ValueError(f"vllm_mode must be one of {VLLM_MODES}, got {self.vllm_mode!r}")
+        server = self.vllm_mode == "server"
+        given = [n for n in ("vllm_server_base_urls", "vllm_server_weights_dir") if getattr(self, n)]
+        if self.mode == "sft" and (server or given):
+            raise ValueError("vllm_mode and the vllm_server settings choose how rollouts are generated: mode sft "
+                             "plays none")  # fmt: skip
+        if server and not self.use_vllm:
+            raise ValueError("vllm_mode server generates with vLLM servers: add use_vllm")
+        if given and not server:
+            raise ValueError(f"{', '.join(given)} name vLLM servers: set vllm_mode server (and use_vllm)")
+        if not (server and self.mode == "real-tools"):
+            return
+        # the baseline runs TRL's own tool loop and server client: one `trl vllm-serve`, weights over NCCL
+        if len(self.vllm_server_base_urls or []) > 1:
+            raise ValueError("mode real-tools generates through TRL's server client, which talks to one server: "
+                             "give one vllm_server_base_urls")  # fmt: skip
+        if self.vllm_server_weights_dir:
+            raise ValueError("vllm_server_weights_dir is how mode rehearsal moves weights to its servers; mode "
+                             "real-tools moves them with TRL's client (NCCL): leave it out")  # fmt: skip
+        if use_cpu():
+            raise ValueError("mode real-tools in vllm_mode server needs a CUDA device (TRL's server client moves "
+                             "the weights over NCCL): on a CPU use vllm_mode colocate")  # fmt: skip
 
     @property
     def grpo_steps(self) -> int:
@@ -373,12 +425,15 @@ def trl_args(config: TrainConfig, turns: int, dtype: str) -> Any:
         bf16=dtype == "bfloat16",
         **checkpointing(config.gradient_checkpointing),
         use_vllm=config.use_vllm,
-        vllm_mode="colocate",
+        vllm_mode=config.vllm_mode,
         **common,
     )
-    if real_tools:
-        return PackedGRPOConfig(**{**paper_objective(), **grpo})  # the user's delta over the paper's
-    return EnvACEGRPOConfig(domain=config.domain, **config.episode_settings(), **grpo)
+    urls = config.vllm_server_base_urls or []
+    if real_tools:  # TRL's own server client: one server (TrainConfig refuses more)
+        server = {"vllm_server_base_url": urls[0]} if urls else {}
+        return PackedGRPOConfig(**{**paper_objective(), **grpo, **server})  # the user's delta over the paper's
+    servers = dict(vllm_server_base_urls=urls or None, vllm_server_weights_dir=config.vllm_server_weights_dir)
+    return EnvACEGRPOConfig(domain=config.domain, **config.episode_settings(), **servers, **grpo)
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
