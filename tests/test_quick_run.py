@@ -69,6 +69,24 @@ def test_envace_train_on_an_untrained_model_says_why_nothing_learns(tiny_path, t
 
 
 @pytest.mark.slow
+def test_the_pure_torch_trainer_says_why_nothing_learns_once():
+    """The trainer ``envace experiment`` runs: an untrained tiny model writes no valid call, so neither of two
+    steps has a reward spread; one warning, naming the cause and the remedy."""
+    from envace_gym.policy.tiny import tiny_policy
+    from envace_gym.training.trainer import TrainerConfig, train
+
+    config = TrainerConfig(domain="units", steps=2, tasks_per_step=1, group_size=2, max_new_tokens=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = train(tiny_policy(), config)
+    found = no_learning_warnings(caught)
+    assert len(found) == 1, found
+    assert found[0].startswith("envace_gym.training.train: no group of this step has a reward spread")
+    assert "no episode wrote a valid tool call" in found[0] and "--warm_start sft" in found[0]
+    assert [h["frac_reward_zero_std"] for h in history] == [1, 1]  # what the warning explains
+
+
+@pytest.mark.slow
 def test_envace_grpo_trainer_stays_quiet_when_its_groups_have_a_spread(tiny_path, tmp_path):
     """Something can learn: a reward function that tells episodes apart gives every group a spread (real tools:
     no rehearse rows are expected), so no warning."""

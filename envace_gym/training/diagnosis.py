@@ -5,8 +5,9 @@ GRPO learns from a group only when its episodes earn different rewards. A model 
 writes no tool call, so every episode of every group scores alike (``frac_reward_zero_std`` 1, ``loss`` 0,
 ``grad_norm`` 0) and, with no valid call, nothing is rehearsed (``rows/rehearse`` 0). The metrics say *that*;
 :class:`NoLearningMonitor` says *why* and what to do, once per run, from every trainer: ``envace train``
-(through :class:`~envace_gym.integrations.trl.EnvACEGRPOTrainer`), ``EnvACEGRPOTrainer`` itself and a
-:func:`~envace_gym.integrations.trl.make_rollout_func` run.
+(through :class:`~envace_gym.integrations.trl.EnvACEGRPOTrainer`), ``EnvACEGRPOTrainer`` itself, a
+:func:`~envace_gym.integrations.trl.make_rollout_func` run and the pure-torch trainer
+(:func:`envace_gym.training.train`, which ``envace experiment`` runs).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from ..rehearsal.prompt import rollout_sampling
 from ..rollout.collector import RolloutBatch, collect_rollouts
 from . import metrics, sharding
 from .advantages import rolewise_advantages
+from .diagnosis import NoLearningMonitor, episode_facts, step_evidence
 from .packing import DEFAULT_PACK_TOKENS, completion_logprobs, packing_support, plan_packs
 from .state import load_state, save_state
 
@@ -284,6 +285,9 @@ def train(
     actor = policy.with_compute_dtype(None if dtype == torch.float32 else dtype) if engine is None else engine
     if engine is not None:
         engine.load_weights(model.named_parameters())  # the starting (or resumed) weights
+    no_learning = NoLearningMonitor("envace_gym.training.train")  # one warning per run (training.diagnosis)
+    # the Rehearse role trains only where the policy rehearses each call in a row of its own
+    rehearses = simulator is None and config.executor != "real" and config.rehearsal_mode == "separate"
     for step in range(len(history), config.steps):
         started = time.perf_counter()
 
@@ -298,6 +302,8 @@ def train(
             )
 
         batch = roll_out(config.tasks_per_step)
+        # what the step's groups, as played (before a refill keeps the informative ones), give GRPO to learn from
+        played_facts = [((rank, e.group), e.reward, episode_facts(e.calls)) for e in batch.episodes]
         played, zero_std = _group_counts(batch)
         skipped = batch.stats.skipped_tasks
         if config.refill_zero_std:  # DAPO: keep only groups with a reward spread, refill the rest
@@ -366,6 +372,12 @@ def train(
             metrics.CLIP_RATIO: clipped / max(trained_tokens, 1),
             metrics.STEP_TIME: time.perf_counter() - started,
         }
+        facts = [f for part in _everyone(world, played_facts) for f in part]
+        no_learning.observe(
+            step_evidence([g for g, _, _ in facts], [r for _, r, _ in facts], [f for _, _, f in facts]),
+            int(logged[metrics.rows(Role.REHEARSE)]) if rehearses else None,
+            emit=rank == 0,
+        )
         history.append(logged)
         if log is not None:
             log(logged)
