@@ -439,12 +439,13 @@ def test_envace_train_takes_vllm_servers_as_the_trl_configs_name_them(tmp_path, 
     assert args.vllm_server_weights_dir == str(tmp_path / "w")
     assert trl_args(TrainConfig(domain="units", output_dir=str(tmp_path)), 2, "float32").vllm_mode == "colocate"
 
+    monkeypatch.setattr(train_recipe, "use_cpu", lambda: True)  # as on this machine
     with pytest.raises(ValueError, match="on a CPU use vllm_mode colocate"):
         TrainConfig(mode="real-tools", domain="units", output_dir=str(tmp_path), use_vllm=True, vllm_mode="server")
     monkeypatch.setattr(train_recipe, "use_cpu", lambda: False)  # as on a CUDA machine
     config = TrainConfig(mode="real-tools", domain="units", output_dir=str(tmp_path), use_vllm=True,
                          vllm_mode="server", vllm_server_base_urls=urls[:1])  # fmt: skip
-    monkeypatch.undo()  # TRL's config would ask for a GPU this machine lacks
+    monkeypatch.undo()  # TRL's config is built for the machine it runs on
     args = trl_args(config, 2, "float32")
     assert (args.vllm_mode, args.vllm_server_base_url) == ("server", urls[0])
 
