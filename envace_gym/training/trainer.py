@@ -354,8 +354,10 @@ def train(
             engine.load_weights(model.named_parameters())
 
         # The global batch's figures: every rank's episodes, and its counts summed.
-        ranks_tallies = _everyone(world, [metrics.EpisodeTally.of(e, e.reward) for e in batch.episodes])
-        tallies = [t for part in ranks_tallies for t in part]
+        this_rank = ([metrics.EpisodeTally.of(e, e.reward) for e in batch.episodes], played_facts)
+        everyone = _everyone(world, this_rank)  # one collective for both
+        tallies = [t for part, _ in everyone for t in part]
+        facts = [f for _, part in everyone for f in part]
         roles = metrics.role_counts(samples)
         summed = _everyone(world, (zero_std, played, skipped, *totals.values(), *roles.values()))
         counts = [sum(c) for c in zip(*summed, strict=True)]
@@ -372,7 +374,6 @@ def train(
             metrics.CLIP_RATIO: clipped / max(trained_tokens, 1),
             metrics.STEP_TIME: time.perf_counter() - started,
         }
-        facts = [f for part in _everyone(world, played_facts) for f in part]
         no_learning.observe(
             step_evidence([g for g, _, _ in facts], [r for _, r, _ in facts], [f for _, _, f in facts]),
             int(logged[metrics.rows(Role.REHEARSE)]) if rehearses else None,
